@@ -1,0 +1,965 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class LinkLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LINK_LEVEL_UNSPECIFIED: _ClassVar[LinkLevel]
+    LINK_NVLINK: _ClassVar[LinkLevel]
+    LINK_SINGLE: _ClassVar[LinkLevel]
+    LINK_MULTIPLE: _ClassVar[LinkLevel]
+    LINK_HOSTBRIDGE: _ClassVar[LinkLevel]
+    LINK_NODE: _ClassVar[LinkLevel]
+    LINK_SYSTEM: _ClassVar[LinkLevel]
+
+class NodeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NODE_STATE_UNSPECIFIED: _ClassVar[NodeState]
+    NODE_RUNNING: _ClassVar[NodeState]
+    NODE_UNHEALTHY: _ClassVar[NodeState]
+    NODE_LOST: _ClassVar[NodeState]
+    NODE_DRAINING: _ClassVar[NodeState]
+    NODE_DECOMMISSIONED: _ClassVar[NodeState]
+
+class ContainerKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONTAINER_KIND_UNSPECIFIED: _ClassVar[ContainerKind]
+    CONTAINER_AM: _ClassVar[ContainerKind]
+    CONTAINER_LEARNER: _ClassVar[ContainerKind]
+
+class ContainerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONTAINER_STATE_UNSPECIFIED: _ClassVar[ContainerState]
+    CONTAINER_STARTING: _ClassVar[ContainerState]
+    CONTAINER_RUNNING: _ClassVar[ContainerState]
+    CONTAINER_EXITED: _ClassVar[ContainerState]
+    CONTAINER_FAILED_TO_START: _ClassVar[ContainerState]
+    CONTAINER_LOST: _ClassVar[ContainerState]
+
+class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
+    JOB_QUEUED: _ClassVar[JobState]
+    JOB_ALLOCATING: _ClassVar[JobState]
+    JOB_RUNNING: _ClassVar[JobState]
+    JOB_SUCCEEDED: _ClassVar[JobState]
+    JOB_FAILED: _ClassVar[JobState]
+    JOB_KILLED: _ClassVar[JobState]
+
+class FailureKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FAILURE_KIND_UNSPECIFIED: _ClassVar[FailureKind]
+    FAILURE_NONE: _ClassVar[FailureKind]
+    FAILURE_USER: _ClassVar[FailureKind]
+    FAILURE_INFRA: _ClassVar[FailureKind]
+    FAILURE_PREEMPTED: _ClassVar[FailureKind]
+    FAILURE_KILLED: _ClassVar[FailureKind]
+    FAILURE_AM: _ClassVar[FailureKind]
+
+class HeartbeatAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HEARTBEAT_ACTION_UNSPECIFIED: _ClassVar[HeartbeatAction]
+    HEARTBEAT_OK: _ClassVar[HeartbeatAction]
+    HEARTBEAT_REREGISTER: _ClassVar[HeartbeatAction]
+LINK_LEVEL_UNSPECIFIED: LinkLevel
+LINK_NVLINK: LinkLevel
+LINK_SINGLE: LinkLevel
+LINK_MULTIPLE: LinkLevel
+LINK_HOSTBRIDGE: LinkLevel
+LINK_NODE: LinkLevel
+LINK_SYSTEM: LinkLevel
+NODE_STATE_UNSPECIFIED: NodeState
+NODE_RUNNING: NodeState
+NODE_UNHEALTHY: NodeState
+NODE_LOST: NodeState
+NODE_DRAINING: NodeState
+NODE_DECOMMISSIONED: NodeState
+CONTAINER_KIND_UNSPECIFIED: ContainerKind
+CONTAINER_AM: ContainerKind
+CONTAINER_LEARNER: ContainerKind
+CONTAINER_STATE_UNSPECIFIED: ContainerState
+CONTAINER_STARTING: ContainerState
+CONTAINER_RUNNING: ContainerState
+CONTAINER_EXITED: ContainerState
+CONTAINER_FAILED_TO_START: ContainerState
+CONTAINER_LOST: ContainerState
+JOB_STATE_UNSPECIFIED: JobState
+JOB_QUEUED: JobState
+JOB_ALLOCATING: JobState
+JOB_RUNNING: JobState
+JOB_SUCCEEDED: JobState
+JOB_FAILED: JobState
+JOB_KILLED: JobState
+FAILURE_KIND_UNSPECIFIED: FailureKind
+FAILURE_NONE: FailureKind
+FAILURE_USER: FailureKind
+FAILURE_INFRA: FailureKind
+FAILURE_PREEMPTED: FailureKind
+FAILURE_KILLED: FailureKind
+FAILURE_AM: FailureKind
+HEARTBEAT_ACTION_UNSPECIFIED: HeartbeatAction
+HEARTBEAT_OK: HeartbeatAction
+HEARTBEAT_REREGISTER: HeartbeatAction
+
+class GpuLink(_message.Message):
+    __slots__ = ("peer", "level", "nvlinks")
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    NVLINKS_FIELD_NUMBER: _ClassVar[int]
+    peer: int
+    level: LinkLevel
+    nvlinks: int
+    def __init__(self, peer: _Optional[int] = ..., level: _Optional[_Union[LinkLevel, str]] = ..., nvlinks: _Optional[int] = ...) -> None: ...
+
+class GpuInfo(_message.Message):
+    __slots__ = ("index", "uuid", "model", "memory_mib", "pci_bus_id", "numa_node", "cpu_affinity", "mig_enabled", "healthy", "health_reason", "links")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    NUMA_NODE_FIELD_NUMBER: _ClassVar[int]
+    CPU_AFFINITY_FIELD_NUMBER: _ClassVar[int]
+    MIG_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_REASON_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    pci_bus_id: str
+    numa_node: int
+    cpu_affinity: str
+    mig_enabled: bool
+    healthy: bool
+    health_reason: str
+    links: _containers.RepeatedCompositeFieldContainer[GpuLink]
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., memory_mib: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., numa_node: _Optional[int] = ..., cpu_affinity: _Optional[str] = ..., mig_enabled: _Optional[bool] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., links: _Optional[_Iterable[_Union[GpuLink, _Mapping]]] = ...) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("node_id", "host", "agent_port", "rack", "ib_domain", "state", "gpus", "gpus_total", "gpus_free", "cpus", "memory_mib", "last_heartbeat_ms", "containers", "assignments", "health_report", "agent_version")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    AGENT_PORT_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    IB_DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FREE_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
+    CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_REPORT_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    host: str
+    agent_port: int
+    rack: str
+    ib_domain: str
+    state: NodeState
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
+    gpus_total: int
+    gpus_free: int
+    cpus: int
+    memory_mib: int
+    last_heartbeat_ms: int
+    containers: int
+    assignments: _containers.RepeatedCompositeFieldContainer[GpuAssignment]
+    health_report: str
+    agent_version: str
+    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., agent_port: _Optional[int] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., gpus_total: _Optional[int] = ..., gpus_free: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., containers: _Optional[int] = ..., assignments: _Optional[_Iterable[_Union[GpuAssignment, _Mapping]]] = ..., health_report: _Optional[str] = ..., agent_version: _Optional[str] = ...) -> None: ...
+
+class GpuAssignment(_message.Message):
+    __slots__ = ("gpu_index", "container_id", "job_id")
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    gpu_index: int
+    container_id: str
+    job_id: str
+    def __init__(self, gpu_index: _Optional[int] = ..., container_id: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class NodeView(_message.Message):
+    __slots__ = ("node_id", "rack", "ib_domain", "gpus_total", "free_gpus", "state", "gpus_healthy", "islands")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    IB_DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    GPUS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    FREE_GPUS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    ISLANDS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    rack: str
+    ib_domain: str
+    gpus_total: int
+    free_gpus: _containers.RepeatedScalarFieldContainer[int]
+    state: NodeState
+    gpus_healthy: int
+    islands: _containers.RepeatedCompositeFieldContainer[NvlinkIsland]
+    def __init__(self, node_id: _Optional[str] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., gpus_total: _Optional[int] = ..., free_gpus: _Optional[_Iterable[int]] = ..., state: _Optional[_Union[NodeState, str]] = ..., gpus_healthy: _Optional[int] = ..., islands: _Optional[_Iterable[_Union[NvlinkIsland, _Mapping]]] = ...) -> None: ...
+
+class NvlinkIsland(_message.Message):
+    __slots__ = ("gpus",)
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, gpus: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ClusterView(_message.Message):
+    __slots__ = ("version", "time_ms", "nodes")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    time_ms: int
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeView]
+    def __init__(self, version: _Optional[int] = ..., time_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeView, _Mapping]]] = ...) -> None: ...
+
+class ContainerStatus(_message.Message):
+    __slots__ = ("container_id", "job_id", "kind", "state", "pid", "exit_code", "signal", "stopped", "diagnostics", "start_ms", "end_ms", "gpu_indices", "node_id", "infra_failure")
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
+    DIAGNOSTICS_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INFRA_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    container_id: str
+    job_id: str
+    kind: ContainerKind
+    state: ContainerState
+    pid: int
+    exit_code: int
+    signal: int
+    stopped: bool
+    diagnostics: str
+    start_ms: int
+    end_ms: int
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    node_id: str
+    infra_failure: bool
+    def __init__(self, container_id: _Optional[str] = ..., job_id: _Optional[str] = ..., kind: _Optional[_Union[ContainerKind, str]] = ..., state: _Optional[_Union[ContainerState, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., stopped: _Optional[bool] = ..., diagnostics: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., node_id: _Optional[str] = ..., infra_failure: _Optional[bool] = ...) -> None: ...
+
+class ContainerTokenPayload(_message.Message):
+    __slots__ = ("container_id", "job_id", "node_id", "gpu_indices", "kind", "user", "expiry_ms", "attempt", "cpus", "memory_mib")
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    EXPIRY_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    container_id: str
+    job_id: str
+    node_id: str
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    kind: ContainerKind
+    user: str
+    expiry_ms: int
+    attempt: int
+    cpus: int
+    memory_mib: int
+    def __init__(self, container_id: _Optional[str] = ..., job_id: _Optional[str] = ..., node_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., kind: _Optional[_Union[ContainerKind, str]] = ..., user: _Optional[str] = ..., expiry_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ...) -> None: ...
+
+class ContainerToken(_message.Message):
+    __slots__ = ("payload", "signature", "key_id")
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    signature: bytes
+    key_id: int
+    def __init__(self, payload: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., key_id: _Optional[int] = ...) -> None: ...
+
+class LaunchContext(_message.Message):
+    __slots__ = ("argv", "env", "workdir")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    workdir: str
+    def __init__(self, argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ...) -> None: ...
+
+class LocalitySpec(_message.Message):
+    __slots__ = ("timeout_ms", "backoff_base_ms", "backoff_max_ms", "start_level")
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    BACKOFF_BASE_MS_FIELD_NUMBER: _ClassVar[int]
+    BACKOFF_MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    START_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    timeout_ms: int
+    backoff_base_ms: int
+    backoff_max_ms: int
+    start_level: str
+    def __init__(self, timeout_ms: _Optional[int] = ..., backoff_base_ms: _Optional[int] = ..., backoff_max_ms: _Optional[int] = ..., start_level: _Optional[str] = ...) -> None: ...
+
+class JobSpec(_message.Message):
+    __slots__ = ("name", "queue", "gpus", "command", "workdir", "env", "max_retries", "locality")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    LOCALITY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    queue: str
+    gpus: int
+    command: _containers.RepeatedScalarFieldContainer[str]
+    workdir: str
+    env: _containers.ScalarMap[str, str]
+    max_retries: int
+    locality: LocalitySpec
+    def __init__(self, name: _Optional[str] = ..., queue: _Optional[str] = ..., gpus: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., max_retries: _Optional[int] = ..., locality: _Optional[_Union[LocalitySpec, _Mapping]] = ...) -> None: ...
+
+class Learner(_message.Message):
+    __slots__ = ("rank", "node_id", "host", "gpu_indices", "container_id", "state", "exit_code", "signal", "pid", "preemptible", "usage")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIBLE_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    node_id: str
+    host: str
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    container_id: str
+    state: ContainerState
+    exit_code: int
+    signal: int
+    pid: int
+    preemptible: bool
+    usage: str
+    def __init__(self, rank: _Optional[int] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., container_id: _Optional[str] = ..., state: _Optional[_Union[ContainerState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., pid: _Optional[int] = ..., preemptible: _Optional[bool] = ..., usage: _Optional[str] = ...) -> None: ...
+
+class Attempt(_message.Message):
+    __slots__ = ("attempt", "state", "start_ms", "end_ms", "learners", "failure", "cause", "exit_code", "counts_as_failure", "level", "am_attempt")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_AS_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    AM_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    state: JobState
+    start_ms: int
+    end_ms: int
+    learners: _containers.RepeatedCompositeFieldContainer[Learner]
+    failure: FailureKind
+    cause: str
+    exit_code: int
+    counts_as_failure: bool
+    level: str
+    am_attempt: int
+    def __init__(self, attempt: _Optional[int] = ..., state: _Optional[_Union[JobState, str]] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., learners: _Optional[_Iterable[_Union[Learner, _Mapping]]] = ..., failure: _Optional[_Union[FailureKind, str]] = ..., cause: _Optional[str] = ..., exit_code: _Optional[int] = ..., counts_as_failure: _Optional[bool] = ..., level: _Optional[str] = ..., am_attempt: _Optional[int] = ...) -> None: ...
+
+class Job(_message.Message):
+    __slots__ = ("job_id", "spec", "user", "queue", "state", "submit_ms", "start_ms", "finish_ms", "attempts", "diagnostics", "exit_code", "am_attempt", "am_node", "gpus_held", "preemptible", "preemptions", "failures", "live_containers", "waiting_reason", "attained_gpu_s")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_MS_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    DIAGNOSTICS_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    AM_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    AM_NODE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_HELD_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIBLE_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    LIVE_CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_REASON_FIELD_NUMBER: _ClassVar[int]
+    ATTAINED_GPU_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    spec: JobSpec
+    user: str
+    queue: str
+    state: JobState
+    submit_ms: int
+    start_ms: int
+    finish_ms: int
+    attempts: _containers.RepeatedCompositeFieldContainer[Attempt]
+    diagnostics: str
+    exit_code: int
+    am_attempt: int
+    am_node: str
+    gpus_held: int
+    preemptible: bool
+    preemptions: int
+    failures: int
+    live_containers: int
+    waiting_reason: str
+    attained_gpu_s: float
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., submit_ms: _Optional[int] = ..., start_ms: _Optional[int] = ..., finish_ms: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., diagnostics: _Optional[str] = ..., exit_code: _Optional[int] = ..., am_attempt: _Optional[int] = ..., am_node: _Optional[str] = ..., gpus_held: _Optional[int] = ..., preemptible: _Optional[bool] = ..., preemptions: _Optional[int] = ..., failures: _Optional[int] = ..., live_containers: _Optional[int] = ..., waiting_reason: _Optional[str] = ..., attained_gpu_s: _Optional[float] = ...) -> None: ...
+
+class RegisterNodeRequest(_message.Message):
+    __slots__ = ("node_id", "host", "agent_port", "rack", "ib_domain", "gpus", "cpus", "memory_mib", "containers", "agent_version", "agent_instance", "healthy", "health_report")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    AGENT_PORT_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    IB_DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AGENT_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_REPORT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    host: str
+    agent_port: int
+    rack: str
+    ib_domain: str
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
+    cpus: int
+    memory_mib: int
+    containers: _containers.RepeatedCompositeFieldContainer[ContainerStatus]
+    agent_version: str
+    agent_instance: str
+    healthy: bool
+    health_report: str
+    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., agent_port: _Optional[int] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., agent_version: _Optional[str] = ..., agent_instance: _Optional[str] = ..., healthy: _Optional[bool] = ..., health_report: _Optional[str] = ...) -> None: ...
+
+class RegisterNodeResponse(_message.Message):
+    __slots__ = ("session", "heartbeat_interval_ms", "token_key", "token_key_id", "mqtt_url", "stop_containers")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_KEY_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    MQTT_URL_FIELD_NUMBER: _ClassVar[int]
+    STOP_CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    heartbeat_interval_ms: int
+    token_key: bytes
+    token_key_id: int
+    mqtt_url: str
+    stop_containers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., token_key: _Optional[bytes] = ..., token_key_id: _Optional[int] = ..., mqtt_url: _Optional[str] = ..., stop_containers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class NodeHeartbeat(_message.Message):
+    __slots__ = ("node_id", "session", "seq", "containers", "gpu_health", "healthy", "health_report", "usage")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    GPU_HEALTH_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_REPORT_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    session: str
+    seq: int
+    containers: _containers.RepeatedCompositeFieldContainer[ContainerStatus]
+    gpu_health: _containers.RepeatedCompositeFieldContainer[GpuInfo]
+    healthy: bool
+    health_report: str
+    usage: _containers.RepeatedCompositeFieldContainer[ContainerUsage]
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., seq: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., gpu_health: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., healthy: _Optional[bool] = ..., health_report: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[ContainerUsage, _Mapping]]] = ...) -> None: ...
+
+class ContainerUsage(_message.Message):
+    __slots__ = ("container_id", "summary")
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    container_id: str
+    summary: str
+    def __init__(self, container_id: _Optional[str] = ..., summary: _Optional[str] = ...) -> None: ...
+
+class StopOrder(_message.Message):
+    __slots__ = ("container_id", "grace_ms", "reason")
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    GRACE_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    container_id: str
+    grace_ms: int
+    reason: str
+    def __init__(self, container_id: _Optional[str] = ..., grace_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("ack_seq", "action", "stop")
+    ACK_SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    ack_seq: int
+    action: HeartbeatAction
+    stop: _containers.RepeatedCompositeFieldContainer[StopOrder]
+    def __init__(self, ack_seq: _Optional[int] = ..., action: _Optional[_Union[HeartbeatAction, str]] = ..., stop: _Optional[_Iterable[_Union[StopOrder, _Mapping]]] = ...) -> None: ...
+
+class RegisterAMRequest(_message.Message):
+    __slots__ = ("job_id", "am_attempt", "host")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    AM_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    am_attempt: int
+    host: str
+    def __init__(self, job_id: _Optional[str] = ..., am_attempt: _Optional[int] = ..., host: _Optional[str] = ...) -> None: ...
+
+class ContainerGrant(_message.Message):
+    __slots__ = ("container_id", "node_id", "host", "agent_port", "gpu_indices", "token", "preemptible", "rack", "attempt")
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    AGENT_PORT_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIBLE_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    container_id: str
+    node_id: str
+    host: str
+    agent_port: int
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    token: ContainerToken
+    preemptible: bool
+    rack: str
+    attempt: int
+    def __init__(self, container_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., agent_port: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., token: _Optional[_Union[ContainerToken, _Mapping]] = ..., preemptible: _Optional[bool] = ..., rack: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class RegisterAMResponse(_message.Message):
+    __slots__ = ("job", "held", "held_status", "mqtt_url", "allocate_interval_ms", "view")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    HELD_STATUS_FIELD_NUMBER: _ClassVar[int]
+    MQTT_URL_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATE_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    job: Job
+    held: _containers.RepeatedCompositeFieldContainer[ContainerGrant]
+    held_status: _containers.RepeatedCompositeFieldContainer[ContainerStatus]
+    mqtt_url: str
+    allocate_interval_ms: int
+    view: ClusterView
+    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., held: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., held_status: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., mqtt_url: _Optional[str] = ..., allocate_interval_ms: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ...) -> None: ...
+
+class ResourceAsk(_message.Message):
+    __slots__ = ("node_id", "rack", "gpus", "count", "gpu_indices")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    rack: str
+    gpus: int
+    count: int
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[str] = ..., rack: _Optional[str] = ..., gpus: _Optional[int] = ..., count: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AttemptReport(_message.Message):
+    __slots__ = ("attempt", "state", "learners", "waiting_reason", "level", "failure", "cause", "exit_code", "counts_as_failure", "start_ms", "end_ms")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_REASON_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_AS_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    state: JobState
+    learners: _containers.RepeatedCompositeFieldContainer[Learner]
+    waiting_reason: str
+    level: str
+    failure: FailureKind
+    cause: str
+    exit_code: int
+    counts_as_failure: bool
+    start_ms: int
+    end_ms: int
+    def __init__(self, attempt: _Optional[int] = ..., state: _Optional[_Union[JobState, str]] = ..., learners: _Optional[_Iterable[_Union[Learner, _Mapping]]] = ..., waiting_reason: _Optional[str] = ..., level: _Optional[str] = ..., failure: _Optional[_Union[FailureKind, str]] = ..., cause: _Optional[str] = ..., exit_code: _Optional[int] = ..., counts_as_failure: _Optional[bool] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ...) -> None: ...
+
+class AllocateRequest(_message.Message):
+    __slots__ = ("job_id", "am_attempt", "response_id", "asks", "releases", "attempts")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    AM_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
+    ASKS_FIELD_NUMBER: _ClassVar[int]
+    RELEASES_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    am_attempt: int
+    response_id: int
+    asks: _containers.RepeatedCompositeFieldContainer[ResourceAsk]
+    releases: _containers.RepeatedScalarFieldContainer[str]
+    attempts: _containers.RepeatedCompositeFieldContainer[AttemptReport]
+    def __init__(self, job_id: _Optional[str] = ..., am_attempt: _Optional[int] = ..., response_id: _Optional[int] = ..., asks: _Optional[_Iterable[_Union[ResourceAsk, _Mapping]]] = ..., releases: _Optional[_Iterable[str]] = ..., attempts: _Optional[_Iterable[_Union[AttemptReport, _Mapping]]] = ...) -> None: ...
+
+class PreemptionNotice(_message.Message):
+    __slots__ = ("container_ids", "deadline_ms", "reason")
+    CONTAINER_IDS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    container_ids: _containers.RepeatedScalarFieldContainer[str]
+    deadline_ms: int
+    reason: str
+    def __init__(self, container_ids: _Optional[_Iterable[str]] = ..., deadline_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AllocateResponse(_message.Message):
+    __slots__ = ("response_id", "grants", "completed", "preemption", "kill_requested", "cluster_gpus", "view", "preemptible_containers")
+    RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
+    GRANTS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTION_FIELD_NUMBER: _ClassVar[int]
+    KILL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_GPUS_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIBLE_CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    response_id: int
+    grants: _containers.RepeatedCompositeFieldContainer[ContainerGrant]
+    completed: _containers.RepeatedCompositeFieldContainer[ContainerStatus]
+    preemption: PreemptionNotice
+    kill_requested: bool
+    cluster_gpus: int
+    view: ClusterView
+    preemptible_containers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, response_id: _Optional[int] = ..., grants: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., completed: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., preemption: _Optional[_Union[PreemptionNotice, _Mapping]] = ..., kill_requested: _Optional[bool] = ..., cluster_gpus: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ..., preemptible_containers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FinishAMRequest(_message.Message):
+    __slots__ = ("job_id", "am_attempt", "final_state", "diagnostics", "exit_code", "attempts")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    AM_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    FINAL_STATE_FIELD_NUMBER: _ClassVar[int]
+    DIAGNOSTICS_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    am_attempt: int
+    final_state: JobState
+    diagnostics: str
+    exit_code: int
+    attempts: _containers.RepeatedCompositeFieldContainer[AttemptReport]
+    def __init__(self, job_id: _Optional[str] = ..., am_attempt: _Optional[int] = ..., final_state: _Optional[_Union[JobState, str]] = ..., diagnostics: _Optional[str] = ..., exit_code: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[AttemptReport, _Mapping]]] = ...) -> None: ...
+
+class FinishAMResponse(_message.Message):
+    __slots__ = ("accepted",)
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    def __init__(self, accepted: _Optional[bool] = ...) -> None: ...
+
+class SubmitJobRequest(_message.Message):
+    __slots__ = ("spec", "submit_id")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_ID_FIELD_NUMBER: _ClassVar[int]
+    spec: JobSpec
+    submit_id: str
+    def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., submit_id: _Optional[str] = ...) -> None: ...
+
+class SubmitJobResponse(_message.Message):
+    __slots__ = ("job_id", "queue")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    queue: str
+    def __init__(self, job_id: _Optional[str] = ..., queue: _Optional[str] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("states", "queue", "user", "limit")
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    states: _containers.RepeatedScalarFieldContainer[JobState]
+    queue: str
+    user: str
+    limit: int
+    def __init__(self, states: _Optional[_Iterable[_Union[JobState, str]]] = ..., queue: _Optional[str] = ..., user: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[Job]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
+
+class KillJobRequest(_message.Message):
+    __slots__ = ("job_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class KillJobResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: Job
+    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
+
+class GetLogsRequest(_message.Message):
+    __slots__ = ("job_id", "rank", "attempt", "offset", "max_bytes", "am")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    AM_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    attempt: int
+    offset: int
+    max_bytes: int
+    am: bool
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., attempt: _Optional[int] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., am: _Optional[bool] = ...) -> None: ...
+
+class GetLogsResponse(_message.Message):
+    __slots__ = ("data", "next_offset", "size", "container_id", "node_id", "container_done")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_DONE_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    next_offset: int
+    size: int
+    container_id: str
+    node_id: str
+    container_done: bool
+    def __init__(self, data: _Optional[bytes] = ..., next_offset: _Optional[int] = ..., size: _Optional[int] = ..., container_id: _Optional[str] = ..., node_id: _Optional[str] = ..., container_done: _Optional[bool] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
+
+class QueueInfo(_message.Message):
+    __slots__ = ("path", "weight", "min_gpus", "max_gpus", "steady_share", "instantaneous_share", "used_gpus", "pending_gpus", "running_jobs", "queued_jobs", "leaf", "preemptible", "policy", "max_running_jobs", "starved_since_ms")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    MIN_GPUS_FIELD_NUMBER: _ClassVar[int]
+    MAX_GPUS_FIELD_NUMBER: _ClassVar[int]
+    STEADY_SHARE_FIELD_NUMBER: _ClassVar[int]
+    INSTANTANEOUS_SHARE_FIELD_NUMBER: _ClassVar[int]
+    USED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_GPUS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_JOBS_FIELD_NUMBER: _ClassVar[int]
+    LEAF_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIBLE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    STARVED_SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    weight: float
+    min_gpus: int
+    max_gpus: int
+    steady_share: int
+    instantaneous_share: int
+    used_gpus: int
+    pending_gpus: int
+    running_jobs: int
+    queued_jobs: int
+    leaf: bool
+    preemptible: bool
+    policy: str
+    max_running_jobs: int
+    starved_since_ms: int
+    def __init__(self, path: _Optional[str] = ..., weight: _Optional[float] = ..., min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., steady_share: _Optional[int] = ..., instantaneous_share: _Optional[int] = ..., used_gpus: _Optional[int] = ..., pending_gpus: _Optional[int] = ..., running_jobs: _Optional[int] = ..., queued_jobs: _Optional[int] = ..., leaf: _Optional[bool] = ..., preemptible: _Optional[bool] = ..., policy: _Optional[str] = ..., max_running_jobs: _Optional[int] = ..., starved_since_ms: _Optional[int] = ...) -> None: ...
+
+class ListQueuesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListQueuesResponse(_message.Message):
+    __slots__ = ("queues", "capacity")
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueInfo]
+    capacity: int
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., capacity: _Optional[int] = ...) -> None: ...
+
+class ClusterInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClusterInfo(_message.Message):
+    __slots__ = ("mqtt_url", "version", "gpus_total", "nodes", "started_ms")
+    MQTT_URL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    GPUS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    STARTED_MS_FIELD_NUMBER: _ClassVar[int]
+    mqtt_url: str
+    version: str
+    gpus_total: int
+    nodes: int
+    started_ms: int
+    def __init__(self, mqtt_url: _Optional[str] = ..., version: _Optional[str] = ..., gpus_total: _Optional[int] = ..., nodes: _Optional[int] = ..., started_ms: _Optional[int] = ...) -> None: ...
+
+class GetClusterViewRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RefreshQueuesRequest(_message.Message):
+    __slots__ = ("yaml",)
+    YAML_FIELD_NUMBER: _ClassVar[int]
+    yaml: str
+    def __init__(self, yaml: _Optional[str] = ...) -> None: ...
+
+class RefreshQueuesResponse(_message.Message):
+    __slots__ = ("applied", "errors", "queues")
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    applied: bool
+    errors: _containers.RepeatedScalarFieldContainer[str]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueInfo]
+    def __init__(self, applied: _Optional[bool] = ..., errors: _Optional[_Iterable[str]] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ...) -> None: ...
+
+class DrainNodeRequest(_message.Message):
+    __slots__ = ("node_id", "undrain")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    UNDRAIN_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    undrain: bool
+    def __init__(self, node_id: _Optional[str] = ..., undrain: _Optional[bool] = ...) -> None: ...
+
+class DrainNodeResponse(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: NodeInfo
+    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ...) -> None: ...
+
+class StartContainerRequest(_message.Message):
+    __slots__ = ("token", "launch")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_FIELD_NUMBER: _ClassVar[int]
+    token: ContainerToken
+    launch: LaunchContext
+    def __init__(self, token: _Optional[_Union[ContainerToken, _Mapping]] = ..., launch: _Optional[_Union[LaunchContext, _Mapping]] = ...) -> None: ...
+
+class StartContainerResponse(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: ContainerStatus
+    def __init__(self, status: _Optional[_Union[ContainerStatus, _Mapping]] = ...) -> None: ...
+
+class StopContainerRequest(_message.Message):
+    __slots__ = ("container_id", "token", "grace_ms", "reason")
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    GRACE_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    container_id: str
+    token: ContainerToken
+    grace_ms: int
+    reason: str
+    def __init__(self, container_id: _Optional[str] = ..., token: _Optional[_Union[ContainerToken, _Mapping]] = ..., grace_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class StopContainerResponse(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: ContainerStatus
+    def __init__(self, status: _Optional[_Union[ContainerStatus, _Mapping]] = ...) -> None: ...
+
+class ContainerStatusRequest(_message.Message):
+    __slots__ = ("container_ids",)
+    CONTAINER_IDS_FIELD_NUMBER: _ClassVar[int]
+    container_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, container_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ContainerStatusResponse(_message.Message):
+    __slots__ = ("statuses",)
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedCompositeFieldContainer[ContainerStatus]
+    def __init__(self, statuses: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ...) -> None: ...
+
+class ReadLogRequest(_message.Message):
+    __slots__ = ("container_id", "offset", "max_bytes")
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    container_id: str
+    offset: int
+    max_bytes: int
+    def __init__(self, container_id: _Optional[str] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class ReadLogResponse(_message.Message):
+    __slots__ = ("data", "next_offset", "size", "container_done")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_DONE_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    next_offset: int
+    size: int
+    container_done: bool
+    def __init__(self, data: _Optional[bytes] = ..., next_offset: _Optional[int] = ..., size: _Optional[int] = ..., container_done: _Optional[bool] = ...) -> None: ...
+
+class ReservePortRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ReservePortResponse(_message.Message):
+    __slots__ = ("port",)
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    def __init__(self, port: _Optional[int] = ...) -> None: ...
