@@ -1,0 +1,242 @@
+"""The RM's cluster model: nodes, their GPUs and who holds them, with indexes kept up to date on every change
+so the scheduler never scans the whole cluster (free GPUs per node, sorted, globally and per rack)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from sortedcontainers import SortedList
+
+LINK_NVLINK = 1  # pb.LINK_NVLINK; kept as a plain int so this module needs no protobuf
+
+
+class NodeState(enum.Enum):
+    RUNNING = "RUNNING"
+    UNHEALTHY = "UNHEALTHY"
+    LOST = "LOST"
+    DRAINING = "DRAINING"
+    DECOMMISSIONED = "DECOMMISSIONED"
+
+
+@dataclass
+class GpuRecord:
+    index: int
+    uuid: str = ""
+    model: str = ""
+    memory_mib: int = 0
+    pci_bus_id: str = ""
+    numa_node: int = -1
+    cpu_affinity: str = ""
+    mig_enabled: bool = False
+    healthy: bool = True
+    health_reason: str = ""
+    links: list[tuple[int, int, int]] = field(default_factory=list)  # (peer, link level, nvlinks)
+
+
+@dataclass
+class Node:
+    node_id: str
+    host: str
+    port: int
+    rack: str
+    ib_domain: str
+    gpus: dict[int, GpuRecord]
+    cpus: int = 0
+    memory_mib: int = 0
+    state: NodeState = NodeState.RUNNING
+    last_heartbeat: float = 0.0
+    session: str = ""
+    agent_instance: str = ""
+    agent_version: str = ""
+    allocated: dict[int, str] = field(default_factory=dict)   # GPU index -> container id
+    drain: bool = False
+    health_report: str = ""
+    islands: list[list[int]] = field(default_factory=list)    # NVLink islands, computed from links
+
+    @property
+    def offering(self) -> bool:
+        return self.state is NodeState.RUNNING
+
+    @property
+    def healthy_gpus(self) -> int:
+        return sum(1 for g in self.gpus.values() if g.healthy)
+
+    def free_indices(self) -> list[int]:
+        if not self.offering:
+            return []
+        return sorted(i for i, g in self.gpus.items() if g.healthy and i not in self.allocated)
+
+    @property
+    def free(self) -> int:
+        if not self.offering:
+            return 0
+        return sum(1 for i, g in self.gpus.items() if g.healthy and i not in self.allocated)
+
+
+def nvlink_islands(gpus: Iterable[GpuRecord]) -> list[list[int]]:
+    """Connected groups of GPUs over NVLink (union-find); a GPU without NVLink is an island of one."""
+    gpu_list = list(gpus)
+    parent = {g.index: g.index for g in gpu_list}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for g in gpu_list:
+        for peer, level, _ in g.links:
+            if level == LINK_NVLINK and peer in parent:
+                parent[find(g.index)] = find(peer)
+    groups: dict[int, list[int]] = {}
+    for g in gpu_list:
+        groups.setdefault(find(g.index), []).append(g.index)
+    return sorted((sorted(v) for v in groups.values()), key=lambda grp: grp[0])
+
+
+def choose_in_islands(free: Iterable[int], islands: list[list[int]], count: int,
+                      preferred: Iterable[int] = ()) -> list[int] | None:
+    """Which of the `free` GPU indices a container of `count` GPUs gets, or None if too few are free.
+
+    The preferred indices win when they are all free; otherwise keep the container on one NVLink island,
+    choosing the island that fits most tightly (best fit leaves bigger islands whole for bigger asks).
+    """
+    free_list = sorted(free)
+    if count <= 0 or len(free_list) < count:
+        return None if count > 0 else []
+    free_set = set(free_list)
+    wanted = sorted(set(preferred))
+    if len(wanted) == count and all(i in free_set for i in wanted):
+        return wanted
+    groups = islands or [free_list]
+    covered = {i for isl in groups for i in isl}
+    groups = [*groups, *[[i] for i in free_list if i not in covered]]
+    free_in = [[i for i in isl if i in free_set] for isl in groups]
+    fitting = [f for f in free_in if len(f) >= count]
+    if fitting:
+        best = min(fitting, key=lambda f: (len(f), f[0]))
+        return best[:count]
+    # Spans islands: take the fullest islands first so the fewest are split.
+    chosen: list[int] = []
+    for f in sorted((f for f in free_in if f), key=lambda f: (-len(f), f[0])):
+        chosen.extend(f[: count - len(chosen)])
+        if len(chosen) == count:
+            break
+    return sorted(chosen)
+
+
+def pick_gpus(node: Node, count: int, preferred: Iterable[int] = ()) -> list[int] | None:
+    """The GPUs of `node` a container of `count` GPUs gets (see choose_in_islands), or None."""
+    return choose_in_islands(node.free_indices(), node.islands, count, preferred)
+
+
+class Cluster:
+    """Nodes by id plus sorted (free GPUs, node id) indexes, globally and per rack."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self._free: dict[str, int] = {}
+        self._by_free: SortedList = SortedList()
+        self._by_free_rack: dict[str, SortedList] = {}
+        self.version = 0
+        self.changed: set[str] = set()   # node ids changed since the view was last published
+
+    # -- index upkeep
+    def _reindex(self, node: Node) -> None:
+        old = self._free.get(node.node_id)
+        new = node.free
+        if old is not None:
+            if old == new and node.node_id in self.nodes:
+                self._touch(node.node_id)
+                return
+            self._by_free.discard((old, node.node_id))
+            rack_index = self._by_free_rack.get(node.rack)
+            if rack_index is not None:
+                rack_index.discard((old, node.node_id))
+        self._free[node.node_id] = new
+        self._by_free.add((new, node.node_id))
+        self._by_free_rack.setdefault(node.rack, SortedList()).add((new, node.node_id))
+        self._touch(node.node_id)
+
+    def _touch(self, node_id: str) -> None:
+        self.version += 1
+        self.changed.add(node_id)
+
+    # -- mutation
+    def upsert(self, node: Node) -> None:
+        """Add a node or replace its description (re-registration keeps its allocations)."""
+        old = self.nodes.get(node.node_id)
+        if old is not None:
+            old_free = self._free.pop(node.node_id, None)
+            if old_free is not None:
+                self._by_free.discard((old_free, node.node_id))
+                self._by_free_rack.get(old.rack, SortedList()).discard((old_free, node.node_id))
+        node.islands = nvlink_islands(node.gpus.values())
+        self.nodes[node.node_id] = node
+        self._reindex(node)
+
+    def set_state(self, node_id: str, state: NodeState) -> None:
+        node = self.nodes[node_id]
+        if node.state is not state:
+            node.state = state
+            self._reindex(node)
+
+    def set_gpu_health(self, node_id: str, index: int, healthy: bool, reason: str) -> None:
+        node = self.nodes[node_id]
+        gpu = node.gpus.get(index)
+        if gpu is not None and (gpu.healthy, gpu.health_reason) != (healthy, reason):
+            gpu.healthy, gpu.health_reason = healthy, reason
+            self._reindex(node)
+
+    def allocate(self, node_id: str, indices: Iterable[int], container_id: str) -> None:
+        node = self.nodes[node_id]
+        for i in indices:
+            holder = node.allocated.get(i)
+            if holder is not None and holder != container_id:
+                raise ValueError(f"GPU {i} of {node_id} is already held by {holder}")
+            node.allocated[i] = container_id
+        self._reindex(node)
+
+    def release(self, node_id: str, indices: Iterable[int], container_id: str) -> None:
+        node = self.nodes.get(node_id)
+        if node is None:
+            return
+        for i in indices:
+            if node.allocated.get(i) == container_id:
+                del node.allocated[i]
+        self._reindex(node)
+
+    # -- queries
+    def free(self, node_id: str) -> int:
+        return self._free.get(node_id, 0)
+
+    def nodes_with_free(self, at_least: int, rack: str | None = None) -> Iterator[Node]:
+        """Nodes with at least `at_least` free GPUs, tightest fit first (best fit)."""
+        index = self._by_free if rack is None else self._by_free_rack.get(rack)
+        if index is None:
+            return
+        for _, node_id in index.irange((max(at_least, 1), "")):
+            yield self.nodes[node_id]
+
+    @property
+    def capacity(self) -> int:
+        """GPUs that could serve jobs: healthy GPUs of nodes not lost or decommissioned."""
+        return sum(n.healthy_gpus for n in self.nodes.values()
+                   if n.state not in (NodeState.LOST, NodeState.DECOMMISSIONED))
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(len(n.gpus) for n in self.nodes.values() if n.state is not NodeState.DECOMMISSIONED)
+
+    @property
+    def free_gpus(self) -> int:
+        return sum(self._free.values())
+
+    def racks(self) -> list[str]:
+        return sorted({n.rack for n in self.nodes.values()})
+
+    def take_changed(self) -> set[str]:
+        changed, self.changed = self.changed, set()
+        return changed

@@ -1,0 +1,841 @@
+"""The RM's pure core: jobs, containers, nodes, AM lifecycle and the allocate protocol.
+
+Every method takes `now` (seconds) and returns or records decisions; nothing here reads a clock, sleeps or
+touches a socket. The daemon feeds it real time and real messages, the simulator a virtual clock, the unit
+tests whatever they like. Side effects the shell must carry out (launch an AM, stop a container, publish a job
+event) are appended to `outbox`; records to persist are named in `dirty`, and the shell writes them to the
+store before it answers the request that changed them.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from gpurm.rm.cluster import Cluster, GpuRecord, Node, NodeState
+from gpurm.rm.jobspec import JobSpec
+from gpurm.rm.model import (
+    Attempt,
+    Container,
+    ContainerKind,
+    ContainerPhase,
+    ExitKind,
+    ExitStatus,
+    FailureKind,
+    Job,
+    JobState,
+    Learner,
+)
+from gpurm.rm.scheduler import App, Ask, Grant, Scheduler, subtract_grants
+
+log = logging.getLogger(__name__)
+
+DEFAULT_QUEUE = "default"
+
+
+class ErrorCode(enum.Enum):
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    NOT_FOUND = "NOT_FOUND"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+class RequestError(Exception):
+    """A request the RM refuses; the message names the field and what to do."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class RMSettings:
+    heartbeat_interval_s: float = 1.0
+    missed_beats: int = 5                 # a node is LOST after this many intervals without a beat
+    container_start_timeout_s: float = 120.0  # a grant must be seen running within this, or it is reclaimed
+    am_register_timeout_s: float = 60.0   # a launched AM must register within this
+    am_liveness_timeout_s: float = 60.0   # a registered AM must call allocate at least this often
+    am_max_attempts: int = 2              # AM processes per job (a restarted AM adopts running learners)
+    am_launch_retries: int = 3            # failed AM launches before the job fails
+    max_active_ams: int = 256             # AMs acquiring at once, cluster-wide
+    max_acquiring_per_queue: int = 16     # jobs with an AM but not yet running, per leaf queue
+    kill_grace_s: float = 10.0
+    stop_resend_s: float = 10.0           # re-send a stop order the agent has not acted on
+    allocate_interval_s: float = 0.5
+    token_ttl_s: float = 24 * 3600.0
+
+
+# ---------------------------------------------------------------- effects for the shell
+
+
+@dataclass
+class LaunchAM:
+    job_id: str
+    container_id: str
+    node_id: str
+    am_attempt: int
+
+
+@dataclass
+class JobChanged:
+    job_id: str
+
+
+@dataclass
+class StopOrder:
+    node_id: str
+    container_id: str
+    grace_s: float
+    reason: str
+
+
+Effect = LaunchAM | JobChanged
+
+
+@dataclass
+class ContainerReport:
+    """What an agent says about one of its containers."""
+
+    container_id: str
+    state: str                 # STARTING, RUNNING, EXITED, FAILED_TO_START, LOST
+    pid: int = 0
+    exit_code: int = 0
+    signal: int = 0
+    stopped: bool = False
+    diagnostics: str = ""
+    infra_failure: bool = False
+    job_id: str = ""
+
+    @property
+    def live(self) -> bool:
+        return self.state in ("STARTING", "RUNNING")
+
+
+@dataclass
+class NodeRegistration:
+    node_id: str
+    host: str
+    port: int
+    rack: str
+    ib_domain: str
+    gpus: list[GpuRecord]
+    cpus: int = 0
+    memory_mib: int = 0
+    containers: list[ContainerReport] = field(default_factory=list)
+    agent_version: str = ""
+    agent_instance: str = ""
+    healthy: bool = True
+    health_report: str = ""
+
+
+class HeartbeatAction(enum.Enum):
+    OK = "OK"
+    REREGISTER = "REREGISTER"
+
+
+@dataclass
+class AttemptUpdate:
+    """An AM's report of one attempt (mirrors pb.AttemptReport)."""
+
+    number: int
+    state: JobState
+    learners: list[Learner] = field(default_factory=list)
+    waiting_reason: str = ""
+    level: str = ""
+    failure: FailureKind = FailureKind.NONE
+    cause: str = ""
+    exit_code: int = 0
+    counts_as_failure: bool = False
+    start_time: float = 0.0
+    end_time: float = 0.0
+
+
+@dataclass
+class AllocateResult:
+    response_id: int
+    grants: list[Grant]
+    completed: list[Container]
+    kill_requested: bool
+    preempt_ids: list[str] = field(default_factory=list)
+    preempt_deadline: float = 0.0
+    preempt_reason: str = ""
+
+
+@dataclass
+class AppState:
+    """The RM's side of one running AM."""
+
+    app: App
+    am_attempt: int
+    registered: bool = False
+    last_seen: float = 0.0
+    response_id: int = 0
+    last_response: AllocateResult | None = None
+    pending_grants: list[Grant] = field(default_factory=list)
+    completed: list[Container] = field(default_factory=list)
+
+
+@dataclass
+class Dirty:
+    jobs: set[str] = field(default_factory=set)
+    containers: set[str] = field(default_factory=set)
+    nodes: set[str] = field(default_factory=set)
+    meta: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.jobs or self.containers or self.nodes or self.meta)
+
+
+class RMCore:
+    def __init__(self, settings: RMSettings | None = None, queues: Iterable[str] = (DEFAULT_QUEUE,)) -> None:
+        self.settings = settings or RMSettings()
+        self.cluster = Cluster()
+        self.scheduler = Scheduler(self.cluster)
+        self.jobs: dict[str, Job] = {}
+        self.containers: dict[str, Container] = {}
+        self.apps: dict[str, AppState] = {}
+        self.leaf_queues: set[str] = {f"root.{q}" for q in queues}
+        self.next_job_seq = 1
+        self.submit_ids: dict[str, str] = {}
+        self.outbox: list[Effect] = []
+        self.stops: dict[str, dict[str, StopOrder]] = {}   # node id -> container id -> order not yet sent
+        self._stop_sent: dict[str, float] = {}              # container id -> when its stop was last sent
+        self.next_container_seq = 1
+        self.recovered_at = 0.0     # when this RM (re)started: AMs and grants older than that get a fresh clock
+        self.dirty = Dirty()
+
+    # ------------------------------------------------------------ bookkeeping helpers
+
+    def _job_changed(self, job: Job) -> None:
+        self.dirty.jobs.add(job.job_id)
+        self.outbox.append(JobChanged(job.job_id))
+
+    def _container_changed(self, c: Container) -> None:
+        self.dirty.containers.add(c.container_id)
+
+    def take_outbox(self) -> list[Effect]:
+        out, self.outbox = self.outbox, []
+        return out
+
+    def take_dirty(self) -> Dirty:
+        d, self.dirty = self.dirty, Dirty()
+        return d
+
+    def take_stops(self, node_id: str, now: float) -> list[StopOrder]:
+        orders = list(self.stops.pop(node_id, {}).values())
+        for o in orders:
+            self._stop_sent[o.container_id] = now
+        return orders
+
+    def nodes_with_stops(self) -> list[str]:
+        return [n for n, orders in self.stops.items() if orders]
+
+    def _order_stop(self, c: Container, grace_s: float, reason: str) -> None:
+        c.stop_requested = True
+        c.stop_reason = c.stop_reason or reason
+        self._container_changed(c)
+        self.stops.setdefault(c.node_id, {})[c.container_id] = StopOrder(c.node_id, c.container_id, grace_s, reason)
+
+    def get_job(self, job_id: str) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise RequestError(ErrorCode.NOT_FOUND,
+                               f"job_id: no job {job_id!r}; `gpurm jobs` lists the jobs this RM knows")
+        return job
+
+    def job_containers(self, job_id: str, live_only: bool = True) -> list[Container]:
+        return [c for c in self.containers.values()
+                if c.job_id == job_id and (c.phase.live or not live_only)]
+
+    def live_count(self, job_id: str) -> int:
+        return sum(1 for c in self.containers.values() if c.job_id == job_id and c.phase.live)
+
+    # ------------------------------------------------------------ submit / kill
+
+    def resolve_queue(self, name: str) -> str:
+        wanted = name or DEFAULT_QUEUE
+        path = wanted if wanted.startswith("root.") else f"root.{wanted}"
+        if path not in self.leaf_queues:
+            if not name:
+                raise RequestError(ErrorCode.INVALID_ARGUMENT,
+                                   "queue: the job names no queue and there is no `default` queue; "
+                                   "name one with --queue (see `gpurm queues`)")
+            known = ", ".join(sorted(q.removeprefix("root.") for q in self.leaf_queues))
+            raise RequestError(ErrorCode.INVALID_ARGUMENT,
+                               f"queue: no leaf queue {name!r}; jobs go to one of: {known}")
+        return path
+
+    def submit(self, spec: JobSpec, user: str, now: float, submit_id: str = "") -> Job:
+        if submit_id and submit_id in self.submit_ids:
+            return self.jobs[self.submit_ids[submit_id]]
+        queue = self.resolve_queue(spec.queue)
+        total = self.cluster.total_gpus
+        if spec.gpus > total:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"gpus: the job asks for {spec.gpus} GPUs but the whole cluster has {total}; "
+                "ask for fewer (see `gpurm nodes`)" if total else
+                f"gpus: the job asks for {spec.gpus} GPUs but no node has registered yet; start agents first",
+            )
+        seq = self.next_job_seq
+        self.next_job_seq += 1
+        self.dirty.meta = True
+        job = Job(job_id=f"job-{seq}", spec=spec, user=user, queue=queue, submit_time=now, seq=seq,
+                  submit_id=submit_id, waiting_reason="waiting for its AM to start")
+        self.jobs[job.job_id] = job
+        if submit_id:
+            self.submit_ids[submit_id] = job.job_id
+        self._job_changed(job)
+        self._launch_ams(now)
+        return job
+
+    def kill(self, job_id: str, user: str, reason: str, now: float) -> Job:
+        job = self.get_job(job_id)
+        if job.state.terminal:
+            return job
+        job.kill_requested = True
+        why = f"killed by {user}" + (f": {reason}" if reason else "")
+        attempt = job.current_attempt
+        if attempt is not None and not attempt.state.terminal:
+            attempt.state = JobState.KILLED
+            attempt.failure = FailureKind.KILLED
+            attempt.cause = why
+            attempt.end_time = now
+        self._finish_job(job, JobState.KILLED, why, now)
+        return job
+
+    def _finish_job(self, job: Job, state: JobState, diagnostics: str, now: float, exit_code: int = 0) -> None:
+        job.state = state
+        job.finish_time = now
+        job.diagnostics = diagnostics
+        job.exit_code = exit_code
+        job.waiting_reason = ""
+        app = self.apps.pop(job.job_id, None)
+        if app is not None:
+            app.app.asks = []
+        for c in self.job_containers(job.job_id):
+            # The AM of a job that finished normally exits by itself; everything else is stopped now.
+            if c.kind is ContainerKind.AM and job.final_reported:
+                continue
+            self._order_stop(c, self.settings.kill_grace_s, diagnostics or state.name.lower())
+        self._job_changed(job)
+
+    # ------------------------------------------------------------ AM launching
+
+    def _launch_ams(self, now: float) -> None:
+        """Start AMs: for queued jobs in submission order within the AM limits, and a replacement AM for any
+        admitted job whose AM ended (those already hold their slot)."""
+        orphans = [j for j in self.jobs.values()
+                   if not j.state.terminal and not j.am_container and not j.kill_requested]
+        if not orphans:
+            return
+        orphans.sort(key=lambda j: (j.state is JobState.QUEUED, j.seq))
+        active = 0
+        acquiring: dict[str, int] = {}
+        for j in self.jobs.values():
+            if j.am_container and j.state in (JobState.QUEUED, JobState.ALLOCATING):
+                active += 1
+                acquiring[j.queue] = acquiring.get(j.queue, 0) + 1
+        nodes = [n for n in self.cluster.nodes.values() if n.offering]
+        if not nodes:
+            for job in orphans:
+                self._set_waiting(job, "waiting for a node to run its AM: no node is up")
+            return
+        ams_on: dict[str, int] = {n.node_id: 0 for n in nodes}
+        for c in self.containers.values():
+            if c.kind is ContainerKind.AM and c.phase.live and c.node_id in ams_on:
+                ams_on[c.node_id] += 1
+        for job in orphans:
+            admitted = job.state is not JobState.QUEUED or bool(job.am_registered)
+            if not admitted and active >= self.settings.max_active_ams:
+                self._set_waiting(job, f"waiting for an AM slot: {active} jobs are acquiring GPUs cluster-wide")
+                continue
+            if not admitted and acquiring.get(job.queue, 0) >= self.settings.max_acquiring_per_queue:
+                self._set_waiting(job, f"waiting behind {acquiring[job.queue]} jobs acquiring GPUs in "
+                                       f"{job.queue.removeprefix('root.')}")
+                continue
+            node_id = min(ams_on, key=lambda n: (ams_on[n], n))
+            ams_on[node_id] += 1
+            if not admitted:
+                active += 1
+                acquiring[job.queue] = acquiring.get(job.queue, 0) + 1
+            self._start_am(job, node_id, now)
+
+    def _start_am(self, job: Job, node_id: str, now: float) -> None:
+        job.am_attempt += 1
+        c = Container(container_id=f"{job.job_id}-am{job.am_attempt}", job_id=job.job_id,
+                      kind=ContainerKind.AM, node_id=node_id, gpu_indices=[], attempt=job.am_attempt,
+                      created=now, user=job.user)
+        self.containers[c.container_id] = c
+        self._container_changed(c)
+        job.am_container = c.container_id
+        job.am_node = node_id
+        if job.state is JobState.QUEUED:
+            job.waiting_reason = f"starting its AM on {node_id}"
+        self._job_changed(job)
+        self.outbox.append(LaunchAM(job.job_id, c.container_id, node_id, job.am_attempt))
+
+    def _set_waiting(self, job: Job, reason: str) -> None:
+        if job.waiting_reason != reason:
+            job.waiting_reason = reason
+            self._job_changed(job)
+
+    def am_launch_failed(self, container_id: str, reason: str, now: float) -> None:
+        """The shell could not start an AM container (agent unreachable, refused the token ...)."""
+        c = self.containers.get(container_id)
+        if c is None or not c.phase.live:
+            return
+        self._complete(c, ExitStatus(ExitKind.FAILED_TO_START, diagnostics=reason, infra=True), now)
+
+    def _am_ended(self, job: Job, c: Container, now: float) -> None:
+        if job.am_container == c.container_id:
+            job.am_container = ""
+        self.apps.pop(job.job_id, None)
+        if job.state.terminal or job.final_reported:
+            return
+        if c.attempt not in job.am_registered:
+            job.am_launch_failures += 1
+            if job.am_launch_failures >= self.settings.am_launch_retries:
+                self._fail_job(job, f"could not start the AM {job.am_launch_failures} times; last: "
+                                    f"{c.exit.describe()}", now, FailureKind.AM)
+                return
+            log.warning("AM %s of %s did not come up (%s); retrying", c.container_id, job.job_id,
+                        c.exit.describe())
+            job.waiting_reason = f"its AM did not start ({c.exit.describe()}); retrying"
+        elif len(job.am_registered) >= self.settings.am_max_attempts:
+            self._fail_job(job, f"the AM failed {len(job.am_registered)} times; last: {c.exit.describe()}",
+                           now, FailureKind.AM)
+            return
+        else:
+            # A new AM adopts the learners that still run (work-preserving AM restart).
+            log.warning("AM of %s ended (%s); starting AM attempt %d", job.job_id, c.exit.describe(),
+                        job.am_attempt + 1)
+            job.waiting_reason = f"AM attempt {job.am_attempt} ended ({c.exit.describe()}); restarting the AM"
+        self._job_changed(job)
+        self._launch_ams(now)
+
+    def _fail_job(self, job: Job, why: str, now: float, kind: FailureKind) -> None:
+        attempt = job.current_attempt
+        if attempt is not None and not attempt.state.terminal:
+            attempt.state = JobState.FAILED
+            attempt.failure = kind
+            attempt.cause = why
+            attempt.end_time = now
+            attempt.counts_as_failure = True
+        self._finish_job(job, JobState.FAILED, why, now, exit_code=0)
+
+    # ------------------------------------------------------------ nodes
+
+    def register_node(self, reg: NodeRegistration, session: str, now: float) -> list[StopOrder]:
+        """Add or re-add a node; reconcile what it runs with the RM's records. Returns containers to stop."""
+        old = self.cluster.nodes.get(reg.node_id)
+        node = Node(node_id=reg.node_id, host=reg.host, port=reg.port, rack=reg.rack,
+                    ib_domain=reg.ib_domain or reg.rack, gpus={g.index: g for g in reg.gpus}, cpus=reg.cpus,
+                    memory_mib=reg.memory_mib, last_heartbeat=now, session=session,
+                    agent_instance=reg.agent_instance, agent_version=reg.agent_version,
+                    drain=old.drain if old else False, health_report=reg.health_report)
+        node.state = self._healthy_state(node, reg.healthy)
+        # Allocations the RM holds on this node survive re-registration.
+        for c in self.containers.values():
+            if c.node_id == reg.node_id and c.phase.live:
+                for i in c.gpu_indices:
+                    node.allocated[i] = c.container_id
+        self.cluster.upsert(node)
+        self.dirty.nodes.add(node.node_id)
+        stops: list[StopOrder] = []
+        reported = {r.container_id for r in reg.containers}
+        for r in reg.containers:
+            stop = self._apply_report(node, r, now)
+            if stop is not None:
+                stops.append(stop)
+        for c in list(self.containers.values()):
+            if c.node_id != reg.node_id or not c.phase.live or c.container_id in reported:
+                continue
+            if c.phase is ContainerPhase.RUNNING or c.started:
+                self._complete(c, ExitStatus(ExitKind.LOST, diagnostics=f"agent on {reg.node_id} restarted "
+                                             "without it", infra=True), now)
+        self.stops.pop(reg.node_id, None)
+        for c in self.containers.values():
+            if c.node_id == reg.node_id and c.phase.live and c.stop_requested:
+                stops.append(StopOrder(c.node_id, c.container_id, self.settings.kill_grace_s, c.stop_reason))
+        log.info("node %s registered (%s:%d, rack %s, %d GPUs, %d containers)", reg.node_id, reg.host, reg.port,
+                 node.rack, len(node.gpus), len(reg.containers))
+        self._launch_ams(now)
+        return stops
+
+    def _healthy_state(self, node: Node, healthy: bool) -> NodeState:
+        if node.drain:
+            return NodeState.DRAINING
+        return NodeState.RUNNING if healthy else NodeState.UNHEALTHY
+
+    def node_heartbeat(self, node_id: str, session: str, reports: Iterable[ContainerReport], now: float,
+                       healthy: bool = True, health_report: str = "",
+                       gpu_health: Iterable[tuple[int, bool, str]] = ()) -> HeartbeatAction:
+        node = self.cluster.nodes.get(node_id)
+        if node is None or node.session != session or node.state is NodeState.LOST:
+            return HeartbeatAction.REREGISTER
+        node.last_heartbeat = now
+        for index, ok, reason in gpu_health:
+            self.cluster.set_gpu_health(node_id, index, ok, reason)
+        if node.health_report != health_report or node.state is not self._healthy_state(node, healthy):
+            node.health_report = health_report
+            if node.state is not NodeState.DECOMMISSIONED:
+                self.cluster.set_state(node_id, self._healthy_state(node, healthy))
+            self.dirty.nodes.add(node_id)
+        for r in reports:
+            stop = self._apply_report(node, r, now)
+            if stop is not None:
+                self.stops.setdefault(node_id, {})[stop.container_id] = stop
+        return HeartbeatAction.OK
+
+    def _apply_report(self, node: Node, r: ContainerReport, now: float) -> StopOrder | None:
+        c = self.containers.get(r.container_id)
+        if c is None or c.node_id != node.node_id:
+            if r.live:
+                return StopOrder(node.node_id, r.container_id, 0.0, "the RM does not know this container")
+            return None
+        if not c.phase.live:
+            if r.live:
+                return StopOrder(node.node_id, r.container_id, 0.0, c.stop_reason or "container already ended")
+            return None
+        if r.live:
+            if r.state == "RUNNING" and c.phase is not ContainerPhase.RUNNING:
+                c.phase = ContainerPhase.RUNNING
+                c.started = now
+                c.pid = r.pid
+                self._container_changed(c)
+                self._update_learner(c)
+            return None
+        if r.state == "FAILED_TO_START":
+            exit_status = ExitStatus(ExitKind.FAILED_TO_START, diagnostics=r.diagnostics, infra=True)
+        elif r.state == "LOST":
+            exit_status = ExitStatus(ExitKind.LOST, diagnostics=r.diagnostics, infra=True)
+        else:
+            kind = ExitKind.STOPPED if (r.stopped or c.stop_requested) else ExitKind.EXITED
+            exit_status = ExitStatus(kind, r.exit_code, r.signal, r.diagnostics, r.infra_failure)
+        if not c.started:
+            c.started = now
+        self._complete(c, exit_status, now)
+        return None
+
+    def expire_nodes(self, now: float) -> list[str]:
+        limit = self.settings.heartbeat_interval_s * self.settings.missed_beats
+        lost = []
+        for node in self.cluster.nodes.values():
+            if node.state in (NodeState.LOST, NodeState.DECOMMISSIONED):
+                continue
+            if now - node.last_heartbeat > limit:
+                lost.append(node.node_id)
+        for node_id in lost:
+            self.mark_node_lost(node_id, f"missed {self.settings.missed_beats} heartbeats", now)
+        return lost
+
+    def mark_node_lost(self, node_id: str, why: str, now: float) -> None:
+        node = self.cluster.nodes[node_id]
+        log.warning("node %s is LOST: %s", node_id, why)
+        self.cluster.set_state(node_id, NodeState.LOST)
+        node.health_report = why
+        node.session = ""
+        self.dirty.nodes.add(node_id)
+        self.stops.pop(node_id, None)
+        for c in list(self.containers.values()):
+            if c.node_id == node_id and c.phase.live:
+                self._complete(c, ExitStatus(ExitKind.LOST, diagnostics=f"node {node_id} lost ({why})",
+                                             infra=True), now)
+
+    def drain(self, node_id: str, undrain: bool, now: float) -> Node:
+        node = self.cluster.nodes.get(node_id)
+        if node is None:
+            raise RequestError(ErrorCode.NOT_FOUND, f"node_id: no node {node_id!r}; see `gpurm nodes`")
+        node.drain = not undrain
+        if node.state in (NodeState.RUNNING, NodeState.DRAINING, NodeState.UNHEALTHY):
+            self.cluster.set_state(node_id, NodeState.DRAINING if node.drain else NodeState.RUNNING)
+        self.dirty.nodes.add(node_id)
+        return node
+
+    # ------------------------------------------------------------ containers
+
+    def _complete(self, c: Container, exit_status: ExitStatus, now: float) -> None:
+        if not c.phase.live:
+            return
+        c.phase = ContainerPhase.COMPLETED
+        c.finished = now
+        c.exit = exit_status
+        self.cluster.release(c.node_id, c.gpu_indices, c.container_id)
+        self._container_changed(c)
+        self._stop_sent.pop(c.container_id, None)
+        job = self.jobs.get(c.job_id)
+        if job is None:
+            return
+        if c.started and c.gpus:
+            job.attained_gpu_s += max(0.0, c.finished - c.started) * c.gpus
+            self.dirty.jobs.add(job.job_id)
+        if c.kind is ContainerKind.AM:
+            self._am_ended(job, c, now)
+        else:
+            self._update_learner(c)
+            app = self.apps.get(job.job_id)
+            if app is not None:
+                app.app.held_gpus = max(0, app.app.held_gpus - c.gpus)
+                # Reclaimed before the AM ever saw the grant: just drop the grant.
+                before = len(app.pending_grants)
+                app.pending_grants = [g for g in app.pending_grants if g.container_id != c.container_id]
+                if len(app.pending_grants) == before:
+                    app.completed.append(c)
+        if self.live_count(c.job_id) == 0 or job.state.terminal:
+            self._job_changed(job)
+
+    def _update_learner(self, c: Container) -> None:
+        job = self.jobs.get(c.job_id)
+        if job is None:
+            return
+        for attempt in reversed(job.attempts):
+            for learner in attempt.learners:
+                if learner.container_id == c.container_id:
+                    learner.pid = c.pid or learner.pid
+                    if c.phase is ContainerPhase.RUNNING:
+                        learner.state = "RUNNING"
+                    elif c.phase is ContainerPhase.COMPLETED:
+                        learner.state = {ExitKind.FAILED_TO_START: "FAILED_TO_START",
+                                         ExitKind.LOST: "LOST"}.get(c.exit.kind, "EXITED")
+                        learner.exit_code = c.exit.exit_code
+                        learner.signal = c.exit.signal
+                    self._job_changed(job)
+                    return
+
+    # ------------------------------------------------------------ the AM protocol
+
+    def _app(self, job_id: str, am_attempt: int) -> tuple[Job, AppState]:
+        job = self.get_job(job_id)
+        if am_attempt != job.am_attempt:
+            raise RequestError(ErrorCode.FAILED_PRECONDITION,
+                               f"am_attempt: {am_attempt} is not the current AM attempt ({job.am_attempt}) of "
+                               f"{job_id}; this AM must exit")
+        app = self.apps.get(job_id)
+        if app is None or app.am_attempt != am_attempt:
+            if job.state.terminal:
+                raise RequestError(ErrorCode.FAILED_PRECONDITION, f"job {job_id} is already {job.state.name}")
+            held = sum(c.gpus for c in self.job_containers(job_id) if c.kind is ContainerKind.LEARNER)
+            app = AppState(App(job.job_id, job.queue, job.user, job.seq, held_gpus=held), am_attempt)
+            self.apps[job_id] = app
+        return job, app
+
+    def register_am(self, job_id: str, am_attempt: int, now: float) -> tuple[Job, list[Container]]:
+        job, app = self._app(job_id, am_attempt)
+        if job.state.terminal:
+            raise RequestError(ErrorCode.FAILED_PRECONDITION, f"job {job_id} is already {job.state.name}")
+        self._mark_registered(job, app, now)
+        if job.state is JobState.QUEUED:
+            job.state = JobState.ALLOCATING
+        job.waiting_reason = "its AM is planning a placement"
+        self._job_changed(job)
+        held = [c for c in self.job_containers(job_id) if c.kind is ContainerKind.LEARNER]
+        return job, held
+
+    def _mark_registered(self, job: Job, app: AppState, now: float) -> None:
+        app.registered = True
+        app.last_seen = now
+        if app.am_attempt not in job.am_registered:
+            job.am_registered.append(app.am_attempt)
+            self._job_changed(job)
+
+    def allocate(self, job_id: str, am_attempt: int, response_id: int, asks: list[Ask], releases: list[str],
+                 reports: list[AttemptUpdate], now: float) -> AllocateResult:
+        job = self.get_job(job_id)
+        if job.state.terminal and job.am_attempt == am_attempt:
+            return AllocateResult(response_id, [], [], kill_requested=True)
+        job, app = self._app(job_id, am_attempt)
+        self._mark_registered(job, app, now)   # an AM that allocates has registered, even with a former RM
+        if app.last_response is not None and response_id + 1 == app.response_id:
+            return app.last_response          # a retry of the last call: same answer, nothing done twice
+        if response_id != app.response_id:
+            app.response_id = response_id     # the RM restarted since the AM's last call
+        for cid in releases:
+            self._release(job, cid, now)
+        for report in reports:
+            self._apply_attempt(job, report, now)
+        unseen = [(g.node_id, self.cluster.nodes[g.node_id].rack, len(g.gpu_indices)) for g in app.pending_grants]
+        app.app.asks = subtract_grants(asks, unseen)
+        self.schedule(now)
+        app.response_id += 1
+        result = AllocateResult(app.response_id, app.pending_grants, app.completed,
+                                kill_requested=job.kill_requested)
+        app.pending_grants, app.completed = [], []
+        app.last_response = result
+        return result
+
+    def _release(self, job: Job, container_id: str, now: float) -> None:
+        c = self.containers.get(container_id)
+        if c is None or c.job_id != job.job_id or not c.phase.live:
+            return
+        if c.phase is ContainerPhase.ALLOCATED and not c.pid:
+            # Never seen running: free it now, and tell the agent so a racing start is refused.
+            self._order_stop(c, 0.0, "released by its AM")
+            self._complete(c, ExitStatus(ExitKind.RELEASED), now)
+            app = self.apps.get(job.job_id)
+            if app is not None:
+                app.completed = [x for x in app.completed if x.container_id != container_id]
+            return
+        self._order_stop(c, self.settings.kill_grace_s, "released by its AM")
+
+    def _apply_attempt(self, job: Job, report: AttemptUpdate, now: float) -> None:
+        if report.number < 1 or report.number > len(job.attempts) + 1:
+            return
+        if report.number == len(job.attempts) + 1:
+            job.attempts.append(Attempt(number=report.number, start_time=report.start_time or now,
+                                        am_attempt=job.am_attempt))
+        attempt = job.attempts[report.number - 1]
+        attempt.state = report.state
+        attempt.waiting_reason = report.waiting_reason
+        attempt.level = report.level or attempt.level
+        attempt.failure = report.failure
+        attempt.cause = report.cause
+        attempt.exit_code = report.exit_code
+        attempt.counts_as_failure = report.counts_as_failure
+        attempt.end_time = report.end_time
+        if report.learners:
+            attempt.learners = report.learners
+            for learner in attempt.learners:
+                c = self.containers.get(learner.container_id)
+                if c is not None:
+                    learner.pid = learner.pid or c.pid
+                    learner.preemptible = c.preemptible
+                    node = self.cluster.nodes.get(c.node_id)
+                    learner.host = learner.host or (node.host if node else "")
+        job.failures = sum(1 for a in job.attempts if a.counts_as_failure)
+        job.preemptions = sum(1 for a in job.attempts if a.failure is FailureKind.PREEMPTED)
+        if not job.state.terminal and report.number == len(job.attempts):
+            if report.state is JobState.RUNNING:
+                job.state = JobState.RUNNING
+                job.waiting_reason = ""
+                if not job.start_time:
+                    job.start_time = now
+            elif report.state is JobState.ALLOCATING:
+                job.state = JobState.ALLOCATING
+                job.waiting_reason = report.waiting_reason
+        self._job_changed(job)
+
+    def finish_am(self, job_id: str, am_attempt: int, final: JobState, diagnostics: str, exit_code: int,
+                  reports: list[AttemptUpdate], now: float) -> Job:
+        job = self.get_job(job_id)
+        if job.state.terminal:
+            return job
+        if am_attempt != job.am_attempt:
+            raise RequestError(ErrorCode.FAILED_PRECONDITION,
+                               f"am_attempt: {am_attempt} is not the current AM attempt of {job_id}")
+        if not final.terminal:
+            raise RequestError(ErrorCode.INVALID_ARGUMENT,
+                               f"final_state: must be SUCCEEDED, FAILED or KILLED, got {final.name}")
+        for report in reports:
+            self._apply_attempt(job, report, now)
+        job.final_reported = True
+        self._finish_job(job, final, diagnostics, now, exit_code)
+        return job
+
+    # ------------------------------------------------------------ scheduling and time
+
+    def schedule(self, now: float) -> list[Grant]:
+        apps = [a.app for a in self.apps.values() if a.registered and a.app.asks]
+        if not apps:
+            return []
+        grants = self.scheduler.schedule(apps, self._new_container_id)
+        for g in grants:
+            job = self.jobs[g.job_id]
+            attempt = job.current_attempt
+            c = Container(container_id=g.container_id, job_id=g.job_id, kind=ContainerKind.LEARNER,
+                          node_id=g.node_id, gpu_indices=list(g.gpu_indices),
+                          attempt=attempt.number if attempt else 1, created=now, user=job.user,
+                          preemptible=g.preemptible)
+            self.containers[c.container_id] = c
+            self._container_changed(c)
+            self.apps[g.job_id].pending_grants.append(g)
+        return grants
+
+    def _new_container_id(self, job_id: str) -> str:
+        # Unique across the RM's life: a counter persisted with the job sequence.
+        self.dirty.meta = True
+        cid = f"{job_id}-c{self.next_container_seq}"
+        self.next_container_seq += 1
+        return cid
+
+    def tick(self, now: float) -> None:
+        """Time-driven work: lost nodes, stuck AMs, grants never started, stop orders to repeat."""
+        self.expire_nodes(now)
+        s = self.settings
+        for c in list(self.containers.values()):
+            if not c.phase.live:
+                continue
+            if c.stop_requested:
+                sent = self._stop_sent.get(c.container_id, 0.0)
+                if now - sent > s.stop_resend_s and c.container_id not in self.stops.get(c.node_id, {}):
+                    self.stops.setdefault(c.node_id, {})[c.container_id] = StopOrder(
+                        c.node_id, c.container_id, s.kill_grace_s, c.stop_reason)
+                continue
+            job = self.jobs.get(c.job_id)
+            if c.kind is ContainerKind.LEARNER and c.phase is ContainerPhase.ALLOCATED \
+                    and now - max(c.created, self.recovered_at) > s.container_start_timeout_s:
+                self._order_stop(c, 0.0, "granted but never started")
+                self._complete(c, ExitStatus(ExitKind.EXPIRED, diagnostics=f"not started within "
+                                             f"{s.container_start_timeout_s:g}s of its grant"), now)
+            elif c.kind is ContainerKind.AM and job is not None and not job.state.terminal:
+                app = self.apps.get(job.job_id)
+                registered = app is not None and app.am_attempt == c.attempt and app.registered
+                since = max(c.created, self.recovered_at)
+                if not registered and now - since > s.am_register_timeout_s:
+                    self._order_stop(c, 0.0, "AM did not register in time")
+                    self._complete(c, ExitStatus(ExitKind.EXPIRED, diagnostics=f"AM did not register within "
+                                                 f"{s.am_register_timeout_s:g}s", infra=True), now)
+                elif registered and app is not None and now - app.last_seen > s.am_liveness_timeout_s:
+                    self._order_stop(c, 0.0, "AM stopped calling allocate")
+                    self._complete(c, ExitStatus(ExitKind.EXPIRED, diagnostics=f"AM silent for "
+                                                 f"{s.am_liveness_timeout_s:g}s"), now)
+            elif c.kind is ContainerKind.AM and job is not None and job.state.terminal \
+                    and now - job.finish_time > s.kill_grace_s + s.am_liveness_timeout_s:
+                self._order_stop(c, s.kill_grace_s, "job finished")
+        self._launch_ams(now)
+
+    # ------------------------------------------------------------ persistence
+
+    def meta(self) -> dict[str, str]:
+        return {"next_job_seq": str(self.next_job_seq), "next_container_seq": str(self.next_container_seq)}
+
+    def restore(self, jobs: Iterable[Job], containers: Iterable[Container], nodes: Iterable[Node],
+                meta: dict[str, str], now: float) -> None:
+        """Load records written by an earlier RM. Nodes come back as they were last seen and have a full
+        expiry period to re-register; AMs and grants get a fresh clock from `now`."""
+        self.recovered_at = now
+        for job in jobs:
+            self.jobs[job.job_id] = job
+            if job.submit_id:
+                self.submit_ids[job.submit_id] = job.job_id
+        for c in containers:
+            self.containers[c.container_id] = c
+        for node in nodes:
+            node.last_heartbeat = now
+            node.session = ""
+            node.allocated = {}
+            for c in self.containers.values():
+                if c.node_id == node.node_id and c.phase.live:
+                    for i in c.gpu_indices:
+                        node.allocated[i] = c.container_id
+            self.cluster.upsert(node)
+        self.next_job_seq = int(meta.get("next_job_seq", "1"))
+        self.next_container_seq = int(meta.get("next_container_seq", "1"))
+
+    # ------------------------------------------------------------ views for the shell
+
+    def list_jobs(self, states: Iterable[JobState] = (), queue: str = "", user: str = "",
+                  limit: int = 0) -> list[Job]:
+        wanted = set(states)
+        jobs = [j for j in self.jobs.values()
+                if (not wanted or j.state in wanted) and (not queue or j.queue in (queue, f"root.{queue}"))
+                and (not user or j.user == user)]
+        jobs.sort(key=lambda j: j.seq)
+        return jobs[-limit:] if limit > 0 else jobs
+
+    def gpus_held(self, job_id: str) -> int:
+        return sum(c.gpus for c in self.job_containers(job_id))

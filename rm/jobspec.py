@@ -1,0 +1,232 @@
+"""Job specs: the YAML a user submits, its validation, and its wire form.
+
+The CLI validates a file before sending it (exit 2, nothing created); the RM validates again what arrives over
+gRPC, since anything may call it.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from gpurm.proto import gpurm_pb2 as pb
+from gpurm.queues.fields import ConfigError, Problems, Reader
+
+DEFAULT_MAX_RETRIES = 3
+MAX_GPUS_PER_JOB = 4096
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "GPURM_")
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+class LocalityLevel(enum.IntEnum):
+    """How tightly a job's GPUs are packed, strictest first. The AM relaxes one level at a time."""
+
+    NODE = 0     # every GPU on one server
+    PACKED = 1   # fewest servers, all in one rack / IB domain
+    RACK = 2     # any number of servers in one rack / IB domain
+    ANY = 3      # anywhere
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, text: str) -> LocalityLevel:
+        try:
+            return cls[text.upper()]
+        except KeyError:
+            raise ValueError(f"must be one of node, packed, rack, any; got {text!r}") from None
+
+
+@dataclass
+class Locality:
+    timeout_s: float = 60.0
+    backoff_base_s: float = 10.0
+    backoff_max_s: float = 600.0
+    start_level: LocalityLevel = LocalityLevel.PACKED
+
+
+@dataclass
+class JobSpec:
+    gpus: int
+    command: list[str]
+    name: str = ""
+    queue: str = ""
+    workdir: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    max_retries: int = DEFAULT_MAX_RETRIES
+    locality: Locality = field(default_factory=Locality)
+
+    @property
+    def command_text(self) -> str:
+        """The command as a user wrote it: the shell string, or the argv joined."""
+        if len(self.command) == 3 and self.command[:2] == ["/bin/sh", "-c"]:
+            return self.command[2]
+        import shlex
+
+        return shlex.join(self.command)
+
+
+def shell_command(text: str) -> list[str]:
+    return ["/bin/sh", "-c", text]
+
+
+def parse_job_yaml(text: str, source: str = "job file", base_dir: str | None = None) -> JobSpec:
+    """A JobSpec from YAML text; ConfigError lists every problem, each naming its field.
+
+    A relative `workdir` is taken relative to `base_dir` (the job file's directory) when given.
+    """
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError([f"{source}: not valid YAML{where}: {problem}"]) from None
+    if data is None:
+        raise ConfigError([f"{source}: is empty; a job needs at least `gpus` and `command`"])
+    return spec_from_mapping(data, source, base_dir)
+
+
+def spec_from_mapping(data: Any, source: str = "job", base_dir: str | None = None) -> JobSpec:
+    problems = Problems()
+    r = Reader(data, "", problems)
+    if not isinstance(data, dict):
+        raise ConfigError(problems.items or [f"{source}: expected a mapping of fields"])
+    spec = JobSpec(gpus=0, command=[])
+    spec.name = r.text("name", "")
+    spec.queue = r.text("queue", "")
+    spec.gpus = r.integer("gpus", minimum=1)
+    raw_cmd = r.raw("command")
+    if raw_cmd is None:
+        r.error("command", "is required: a string (run with /bin/sh -c) or a list (run as is)")
+    elif isinstance(raw_cmd, str):
+        spec.command = shell_command(raw_cmd)
+    elif isinstance(raw_cmd, list) and raw_cmd and all(isinstance(a, str | int | float) for a in raw_cmd):
+        spec.command = [str(a) for a in raw_cmd]
+    else:
+        r.error("command", "must be a non-empty string or a non-empty list of strings")
+    spec.workdir = r.text("workdir", "")
+    if spec.workdir and base_dir is not None and not os.path.isabs(spec.workdir):
+        spec.workdir = os.path.normpath(os.path.join(base_dir, spec.workdir))
+    spec.env = r.mapping("env")
+    spec.max_retries = r.integer("max_retries", DEFAULT_MAX_RETRIES, minimum=0)
+    loc = r.section("locality")
+    spec.locality = Locality(
+        timeout_s=loc.duration("timeout", 60.0),
+        backoff_base_s=loc.duration("backoff_base", 10.0),
+        backoff_max_s=loc.duration("backoff_max", 600.0),
+        start_level=_level(loc, "start_level"),
+    )
+    loc.reject_unknown()
+    r.reject_unknown()
+    for p in validate_spec(spec):
+        if p not in problems.items:
+            problems.items.append(p)
+    if problems.items:
+        raise ConfigError([f"{source}: {p}" for p in problems.items])
+    return spec
+
+
+def _level(r: Reader, key: str) -> LocalityLevel:
+    text = r.text(key, "packed")
+    try:
+        return LocalityLevel.parse(text)
+    except ValueError as exc:
+        r.error(key, str(exc))
+        return LocalityLevel.PACKED
+
+
+def validate_spec(spec: JobSpec) -> list[str]:
+    """Problems with a spec however it arrived (YAML, flags or a raw RPC); empty when it is fine."""
+    out: list[str] = []
+    if spec.gpus < 1:
+        out.append(f"gpus: must be at least 1, got {spec.gpus}")
+    elif spec.gpus > MAX_GPUS_PER_JOB:
+        out.append(f"gpus: at most {MAX_GPUS_PER_JOB} per job, got {spec.gpus}")
+    if not spec.command or not spec.command[0]:
+        out.append("command: is required and must not be empty")
+    elif spec.command[:2] == ["/bin/sh", "-c"] and (len(spec.command) < 3 or not spec.command[2].strip()):
+        out.append("command: the shell command is empty")
+    if any("\x00" in a for a in spec.command):
+        out.append("command: must not contain NUL characters")
+    if len(spec.name) > 128:
+        out.append("name: at most 128 characters")
+    if spec.name and not spec.name.isprintable():
+        out.append("name: must be printable text")
+    if spec.queue and not _QUEUE_NAME.match(spec.queue):
+        out.append(f"queue: {spec.queue!r} is not a queue path like research.nlp")
+    if spec.workdir and not spec.workdir.startswith("/"):
+        out.append(f"workdir: must be an absolute path, got {spec.workdir!r}")
+    for name, value in spec.env.items():
+        if not _ENV_NAME.match(name):
+            out.append(f"env.{name}: not a valid environment variable name")
+        elif name == RESERVED_ENV[0] or name.startswith(RESERVED_ENV[1]):
+            out.append(f"env.{name}: is set by gpurm and cannot be overridden")
+        if "\x00" in value:
+            out.append(f"env.{name}: must not contain NUL characters")
+    if spec.max_retries < 0 or spec.max_retries > 100:
+        out.append(f"max_retries: must be between 0 and 100, got {spec.max_retries}")
+    loc = spec.locality
+    for label, seconds in (("timeout", loc.timeout_s), ("backoff_base", loc.backoff_base_s),
+                           ("backoff_max", loc.backoff_max_s)):
+        if not 0 <= seconds <= 7 * 86400:
+            out.append(f"locality.{label}: must be between 0s and 7d, got {seconds:g}s")
+    if loc.backoff_max_s < loc.backoff_base_s:
+        out.append("locality.backoff_max: must not be below locality.backoff_base")
+    return out
+
+
+def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
+    msg = pb.JobSpec(
+        name=spec.name, queue=spec.queue, gpus=spec.gpus, command=spec.command, workdir=spec.workdir,
+        env=spec.env, max_retries=spec.max_retries,
+        locality=pb.LocalitySpec(
+            timeout_ms=round(spec.locality.timeout_s * 1000),
+            backoff_base_ms=round(spec.locality.backoff_base_s * 1000),
+            backoff_max_ms=round(spec.locality.backoff_max_s * 1000),
+            start_level=spec.locality.start_level.label,
+        ),
+    )
+    return msg
+
+
+def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
+    """A JobSpec from the wire, defaults filled; ConfigError when it is invalid."""
+    problems: list[str] = []
+    loc = Locality()
+    if msg.HasField("locality"):
+        lm = msg.locality
+        if lm.timeout_ms:
+            loc.timeout_s = lm.timeout_ms / 1000
+        if lm.backoff_base_ms:
+            loc.backoff_base_s = lm.backoff_base_ms / 1000
+        if lm.backoff_max_ms:
+            loc.backoff_max_s = lm.backoff_max_ms / 1000
+        if lm.start_level:
+            try:
+                loc.start_level = LocalityLevel.parse(lm.start_level)
+            except ValueError as exc:
+                problems.append(f"locality.start_level: {exc}")
+        if min(lm.timeout_ms, lm.backoff_base_ms, lm.backoff_max_ms) < 0:
+            problems.append("locality: durations must not be negative")
+    spec = JobSpec(
+        gpus=msg.gpus,
+        command=list(msg.command),
+        name=msg.name,
+        queue=msg.queue,
+        workdir=msg.workdir,
+        env=dict(msg.env),
+        max_retries=msg.max_retries if msg.HasField("max_retries") else DEFAULT_MAX_RETRIES,
+        locality=loc,
+    )
+    problems += validate_spec(spec)
+    if problems:
+        raise ConfigError(problems)
+    return spec

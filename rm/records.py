@@ -1,0 +1,71 @@
+"""Dataclass records <-> JSON-able dicts, for the state store. Enums travel by name; unknown keys are ignored
+so an older RM can read a newer record, and missing keys take the field's default."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def to_dict(record: object) -> dict[str, Any]:
+    assert dataclasses.is_dataclass(record) and not isinstance(record, type)
+    return {f.name: _dump(getattr(record, f.name)) for f in dataclasses.fields(record)}
+
+
+def _dump(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.name
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_dict(value)
+    if isinstance(value, list | tuple):
+        return [_dump(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _dump(v) for k, v in value.items()}
+    if isinstance(value, set | frozenset):
+        return sorted(_dump(v) for v in value)
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = typing.get_type_hints(cls)
+        _HINTS[cls] = hints
+    kwargs = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data and f.init:
+            kwargs[f.name] = _load(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+def _load(hint: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _load(inner[0], value) if len(inner) == 1 else value
+    if origin is list:
+        return [_load(args[0], v) for v in value]
+    if origin is tuple:
+        return tuple(_load(args[0], v) for v in value)
+    if origin in (set, frozenset):
+        return origin(_load(args[0], v) for v in value)
+    if origin is dict:
+        key_hint = args[0]
+        return {(int(k) if key_hint is int else k): _load(args[1], v) for k, v in value.items()}
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return hint[value]
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return from_dict(hint, value)
+    if hint is float and isinstance(value, int):
+        return float(value)
+    return value

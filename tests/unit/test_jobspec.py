@@ -1,0 +1,86 @@
+"""Job specs: YAML parsing, validation errors naming the field, wire round trip."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpurm.queues.fields import ConfigError
+from gpurm.rm.jobspec import (
+    LocalityLevel,
+    parse_job_yaml,
+    spec_from_proto,
+    spec_to_proto,
+)
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_job_yaml(text, "job.yaml")
+    return info.value.problems
+
+
+def test_string_command_runs_with_sh_and_defaults_apply() -> None:
+    spec = parse_job_yaml("name: t\ngpus: 2\ncommand: echo hi && exit 0\n")
+    assert spec.command == ["/bin/sh", "-c", "echo hi && exit 0"]
+    assert spec.command_text == "echo hi && exit 0"
+    assert spec.max_retries == 3
+    assert spec.locality.timeout_s == 60 and spec.locality.backoff_base_s == 10
+    assert spec.locality.backoff_max_s == 600 and spec.locality.start_level is LocalityLevel.PACKED
+
+
+def test_list_command_runs_as_is_and_all_fields_read() -> None:
+    spec = parse_job_yaml(
+        "name: t\nqueue: research.nlp\ngpus: 16\ncommand: [python, train.py, --lr, 0.1]\n"
+        "workdir: /tmp\nenv: {A: 1, B: x}\nmax_retries: 0\n"
+        "locality: {timeout: 90s, backoff_base: 5s, backoff_max: 2m, start_level: rack}\n")
+    assert spec.command == ["python", "train.py", "--lr", "0.1"]
+    assert spec.env == {"A": "1", "B": "x"}
+    assert spec.max_retries == 0 and spec.queue == "research.nlp" and spec.workdir == "/tmp"
+    assert (spec.locality.timeout_s, spec.locality.backoff_base_s, spec.locality.backoff_max_s) == (90, 5, 120)
+    assert spec.locality.start_level is LocalityLevel.RACK
+
+
+def test_yaml_that_does_not_parse_names_the_line() -> None:
+    (p,) = problems("gpus: 1\ncommand: [unclosed\n")
+    assert "not valid YAML" in p and "line" in p
+
+
+def test_unknown_key_is_named_with_a_suggestion() -> None:
+    (p,) = problems("gpus: 1\ncommand: x\ngpu: 2\n")
+    assert "gpu" in p and "unknown field" in p and "did you mean 'gpus'" in p
+
+
+def test_missing_command() -> None:
+    assert any("command" in p and "required" in p for p in problems("gpus: 1\n"))
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5", "true"])
+def test_bad_gpus(value: str) -> None:
+    assert any(p.startswith("job.yaml: gpus") for p in problems(f"gpus: {value}\ncommand: x\n"))
+
+
+def test_reserved_env_and_bad_level_and_every_problem_reported() -> None:
+    ps = problems("gpus: 1\ncommand: x\nenv: {CUDA_VISIBLE_DEVICES: 0}\nlocality: {start_level: near}\n")
+    assert any("env.CUDA_VISIBLE_DEVICES" in p for p in ps)
+    assert any("locality.start_level" in p for p in ps)
+
+
+def test_empty_file() -> None:
+    assert "empty" in problems("")[0]
+
+
+def test_proto_round_trip_keeps_everything() -> None:
+    spec = parse_job_yaml("name: t\ngpus: 3\ncommand: [a, b]\nmax_retries: 0\nworkdir: /w\n"
+                          "locality: {timeout: 5s, start_level: any}\n")
+    back = spec_from_proto(spec_to_proto(spec))
+    assert back == spec
+
+
+def test_wire_spec_is_validated_again() -> None:
+    msg = spec_to_proto(parse_job_yaml("gpus: 1\ncommand: x\n"))
+    msg.gpus = -1
+    msg.env["GPURM_JOB_ID"] = "x"
+    with pytest.raises(ConfigError) as info:
+        spec_from_proto(msg)
+    assert any("gpus" in p for p in info.value.problems)
+    assert any("GPURM_JOB_ID" in p for p in info.value.problems)

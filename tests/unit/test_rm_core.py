@@ -1,0 +1,233 @@
+"""The RM core with an injected clock: jobs, the allocate protocol, node expiry, kill, AM restarts, restore."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpurm.rm.cluster import GpuRecord
+from gpurm.rm.core import (
+    AttemptUpdate,
+    ContainerReport,
+    ErrorCode,
+    HeartbeatAction,
+    JobChanged,
+    LaunchAM,
+    NodeRegistration,
+    RequestError,
+    RMCore,
+    RMSettings,
+)
+from gpurm.rm.jobspec import JobSpec
+from gpurm.rm.model import ContainerPhase, ExitKind, JobState, Learner
+from gpurm.rm.scheduler import Ask
+from gpurm.rm.store import MemoryStore
+
+
+def reg(node_id: str, rack: str = "r1", gpus: int = 8, containers: list[ContainerReport] | None = None
+        ) -> NodeRegistration:
+    return NodeRegistration(node_id=node_id, host="127.0.0.1", port=9000, rack=rack, ib_domain=rack,
+                            gpus=[GpuRecord(index=i) for i in range(gpus)], containers=containers or [])
+
+
+def cluster(n: int = 2, gpus: int = 8, settings: RMSettings | None = None) -> RMCore:
+    core = RMCore(settings or RMSettings(heartbeat_interval_s=1.0, missed_beats=3))
+    for i in range(1, n + 1):
+        core.register_node(reg(f"n{i}", gpus=gpus), f"s{i}", now=0.0)
+    core.take_outbox()
+    return core
+
+
+def launched(core: RMCore) -> list[LaunchAM]:
+    return [e for e in core.take_outbox() if isinstance(e, LaunchAM)]
+
+
+def running(cid: str, pid: int = 100) -> ContainerReport:
+    return ContainerReport(cid, "RUNNING", pid=pid)
+
+
+def exited(cid: str, code: int = 0, stopped: bool = False) -> ContainerReport:
+    return ContainerReport(cid, "EXITED", exit_code=code, stopped=stopped)
+
+
+def started_job(core: RMCore, gpus: int = 8, now: float = 1.0) -> str:
+    """Submit a job, bring its AM up and register it; return the job id."""
+    job = core.submit(JobSpec(gpus=gpus, command=["x"]), "alice", now)
+    (launch,) = launched(core)
+    core.node_heartbeat(launch.node_id, "s" + launch.node_id[1:], [running(launch.container_id)], now)
+    core.register_am(job.job_id, launch.am_attempt, now)
+    return job.job_id
+
+
+def test_submit_queues_and_launches_an_am_on_the_least_loaded_node() -> None:
+    core = cluster(2)
+    a = core.submit(JobSpec(gpus=1, command=["x"]), "alice", 1.0)
+    b = core.submit(JobSpec(gpus=1, command=["x"]), "bob", 1.0)
+    assert (a.job_id, b.job_id) == ("job-1", "job-2")
+    assert a.state is JobState.QUEUED and a.queue == "root.default"
+    nodes = {e.node_id for e in launched(core)}
+    assert nodes == {"n1", "n2"}          # one AM per node: spread
+    assert core.dirty.jobs == {"job-1", "job-2"}
+
+
+def test_submit_rejections_name_the_field() -> None:
+    core = cluster(2)
+    with pytest.raises(RequestError) as info:
+        core.submit(JobSpec(gpus=17, command=["x"]), "a", 1.0)
+    assert info.value.code is ErrorCode.INVALID_ARGUMENT and "gpus" in info.value.message and "16" in info.value.message
+    with pytest.raises(RequestError) as info:
+        core.submit(JobSpec(gpus=1, command=["x"], queue="nope"), "a", 1.0)
+    assert "queue" in info.value.message
+    assert core.jobs == {}
+
+
+def test_submit_is_idempotent_by_submit_id() -> None:
+    core = cluster(1)
+    a = core.submit(JobSpec(gpus=1, command=["x"]), "a", 1.0, submit_id="abc")
+    b = core.submit(JobSpec(gpus=1, command=["x"]), "a", 2.0, submit_id="abc")
+    assert a is b and len(core.jobs) == 1
+
+
+def test_allocate_grants_asked_nodes_and_retries_get_the_same_answer() -> None:
+    core = cluster(2)
+    job = started_job(core, gpus=16)
+    asks = [Ask(gpus=8, node_id="n1"), Ask(gpus=8, node_id="n2")]
+    r1 = core.allocate(job, 1, 0, asks, [], [], 2.0)
+    assert sorted(g.node_id for g in r1.grants) == ["n1", "n2"]
+    assert all(len(g.gpu_indices) == 8 for g in r1.grants)
+    again = core.allocate(job, 1, 0, asks, [], [], 2.1)     # the AM never saw r1: it repeats the call
+    assert again is r1
+    r2 = core.allocate(job, 1, r1.response_id, [], [], [], 2.2)
+    assert r2.grants == [] and core.cluster.free_gpus == 0
+
+
+def test_grants_not_yet_seen_are_not_granted_twice() -> None:
+    core = cluster(2)
+    job = started_job(core, gpus=8)
+    core.allocate(job, 1, 0, [], [], [], 2.0)
+    # A grant made by a pass the AM has not heard of yet still counts against its (unchanged) asks.
+    app = core.apps[job]
+    app.app.asks = [Ask(gpus=8, node_id="n1")]
+    core.schedule(2.1)
+    assert len(app.pending_grants) == 1
+    r = core.allocate(job, 1, 1, [Ask(gpus=8, node_id="n1")], [], [], 2.2)
+    assert len(r.grants) == 1 and core.cluster.free("n2") == 8
+
+
+def test_container_lifecycle_reaches_the_am_and_frees_gpus() -> None:
+    core = cluster(1)
+    job = started_job(core, gpus=4)
+    (g,) = core.allocate(job, 1, 0, [Ask(gpus=4, node_id="n1")], [], [], 2.0).grants
+    assert core.cluster.free("n1") == 4
+    core.node_heartbeat("n1", "s1", [running(g.container_id, pid=42)], 3.0)
+    assert core.containers[g.container_id].phase is ContainerPhase.RUNNING
+    core.node_heartbeat("n1", "s1", [exited(g.container_id, 3)], 4.0)
+    assert core.cluster.free("n1") == 8
+    r = core.allocate(job, 1, 1, [], [], [], 4.1)
+    assert [c.exit.exit_code for c in r.completed] == [3]
+
+
+def test_attempt_reports_drive_job_state() -> None:
+    core = cluster(1)
+    job = started_job(core, gpus=1)
+    assert core.jobs[job].state is JobState.ALLOCATING
+    report = AttemptUpdate(1, JobState.RUNNING, learners=[Learner(0, "n1", [0], "c")], level="node")
+    core.allocate(job, 1, 0, [], [], [report], 5.0)
+    j = core.jobs[job]
+    assert j.state is JobState.RUNNING and j.start_time == 5.0 and j.attempts[0].level == "node"
+    core.finish_am(job, 1, JobState.SUCCEEDED, "ok", 0, [], 6.0)
+    assert j.state is JobState.SUCCEEDED and j.finish_time == 6.0
+
+
+def test_missed_heartbeats_make_a_node_lost_and_its_containers_lost() -> None:
+    core = cluster(2)
+    job = started_job(core, gpus=8)
+    (g,) = core.allocate(job, 1, 0, [Ask(gpus=8, node_id="n2")], [], [], 2.0).grants
+    core.node_heartbeat("n2", "s2", [running(g.container_id)], 2.5)
+    core.node_heartbeat("n1", "s1", [], 5.0)
+    core.tick(5.4)        # n2's last beat was at 2.5: 2.9 s < 3 beats
+    assert core.cluster.nodes["n2"].state.name == "RUNNING"
+    core.tick(5.6)
+    assert core.cluster.nodes["n2"].state.name == "LOST"
+    c = core.containers[g.container_id]
+    assert c.phase is ContainerPhase.COMPLETED and c.exit.kind is ExitKind.LOST and c.exit.infra
+    r = core.allocate(job, 1, 1, [], [], [], 5.7)
+    assert [x.container_id for x in r.completed] == [g.container_id]
+    # The lost node's next beat is told to register again, which stops what it still runs.
+    assert core.node_heartbeat("n2", "s2", [], 6.0) is HeartbeatAction.REREGISTER
+    stops = core.register_node(reg("n2", containers=[running(g.container_id)]), "s2b", 6.1)
+    assert [s.container_id for s in stops] == [g.container_id]
+
+
+def test_kill_stops_every_container_but_keeps_gpus_until_the_agent_confirms() -> None:
+    core = cluster(1)
+    job = started_job(core, gpus=8)
+    (g,) = core.allocate(job, 1, 0, [Ask(gpus=8, node_id="n1")], [], [], 2.0).grants
+    core.node_heartbeat("n1", "s1", [running(g.container_id)], 2.1)
+    killed = core.kill(job, "alice", "wrong lr", 3.0)
+    assert killed.state is JobState.KILLED and "alice" in killed.diagnostics
+    orders = {o.container_id for o in core.take_stops("n1", 3.0)}
+    assert orders == {g.container_id, f"{job}-am1"}
+    assert core.cluster.free("n1") == 0                  # still held: the process may still be alive
+    core.node_heartbeat("n1", "s1", [exited(g.container_id, -15, stopped=True), exited(f"{job}-am1", 143)], 4.0)
+    assert core.cluster.free("n1") == 8 and core.live_count(job) == 0
+    assert core.kill(job, "alice", "", 5.0).state is JobState.KILLED     # killing again changes nothing
+
+
+def test_am_death_starts_a_new_am_then_fails_the_job_at_the_cap() -> None:
+    core = cluster(1, settings=RMSettings(am_max_attempts=2))
+    job = started_job(core, gpus=1)
+    core.node_heartbeat("n1", "s1", [exited(f"{job}-am1", 1)], 2.0)
+    (relaunch,) = launched(core)
+    assert relaunch.am_attempt == 2 and core.jobs[job].state is not JobState.FAILED
+    with pytest.raises(RequestError):
+        core.allocate(job, 1, 0, [], [], [], 2.1)          # the old AM attempt is refused
+    core.node_heartbeat("n1", "s1", [running(relaunch.container_id)], 2.2)
+    core.register_am(job, 2, 2.3)
+    core.node_heartbeat("n1", "s1", [exited(relaunch.container_id, 1)], 3.0)
+    assert core.jobs[job].state is JobState.FAILED and "AM failed 2 times" in core.jobs[job].diagnostics
+
+
+def test_released_grant_that_never_ran_is_freed_at_once() -> None:
+    core = cluster(1)
+    job = started_job(core, gpus=8)
+    (g,) = core.allocate(job, 1, 0, [Ask(gpus=8, node_id="n1")], [], [], 2.0).grants
+    core.allocate(job, 1, 1, [], [g.container_id], [], 2.5)
+    assert core.cluster.free("n1") == 8
+    # ... and the agent is told, so a start racing with the release is refused.
+    assert g.container_id in {o.container_id for o in core.take_stops("n1", 2.5)}
+
+
+def test_grant_never_started_expires() -> None:
+    core = cluster(1, settings=RMSettings(container_start_timeout_s=30, am_liveness_timeout_s=1000))
+    job = started_job(core, gpus=8)
+    (g,) = core.allocate(job, 1, 0, [Ask(gpus=8, node_id="n1")], [], [], 2.0).grants
+    for t in (10.0, 20.0, 31.0):
+        core.node_heartbeat("n1", "s1", [], t)
+        core.tick(t)
+    assert core.containers[g.container_id].phase is ContainerPhase.ALLOCATED
+    core.node_heartbeat("n1", "s1", [], 33.0)
+    core.tick(33.0)
+    assert core.containers[g.container_id].exit.kind is ExitKind.EXPIRED and core.cluster.free("n1") == 8
+
+
+def test_unknown_container_reported_by_an_agent_is_stopped() -> None:
+    core = cluster(1)
+    stops = core.register_node(reg("n1", containers=[running("ghost")]), "s1b", 1.0)
+    assert [s.container_id for s in stops] == ["ghost"]
+
+
+def test_restore_from_the_store_keeps_jobs_allocations_and_counters() -> None:
+    core = cluster(2)
+    job = started_job(core, gpus=8)
+    (g,) = core.allocate(job, 1, 0, [Ask(gpus=8, node_id="n2")], [], [], 2.0).grants
+    store = MemoryStore()
+    store.save(core.jobs.values(), core.containers.values(), core.cluster.nodes.values(), core.meta())
+    snap = store.load()
+    again = RMCore()
+    again.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, now=100.0)
+    assert again.jobs[job].state is JobState.ALLOCATING
+    assert again.cluster.free("n2") == 0 and again.cluster.nodes["n2"].allocated[0] == g.container_id
+    assert again.submit(JobSpec(gpus=1, command=["x"]), "a", 101.0).job_id == "job-2"
+    assert any(isinstance(e, JobChanged) for e in again.take_outbox())
+    # Restored nodes must re-register: their old sessions are unknown.
+    assert again.node_heartbeat("n2", "s2", [], 101.0) is HeartbeatAction.REREGISTER

@@ -1,0 +1,54 @@
+"""The SQLite store: what is saved comes back after reopening the file, in WAL mode with full sync."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from gpurm.rm.cluster import GpuRecord, Node, NodeState
+from gpurm.rm.jobspec import JobSpec, Locality, LocalityLevel
+from gpurm.rm.model import Attempt, Container, ContainerKind, ExitKind, ExitStatus, Job, JobState, Learner
+from gpurm.rm.store import SqliteStore
+
+
+def test_round_trip_through_a_reopened_file(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    store = SqliteStore(path)
+    spec = JobSpec(gpus=16, command=["python", "x"], env={"A": "1"},
+                   locality=Locality(timeout_s=5, start_level=LocalityLevel.RACK))
+    job = Job("job-1", spec, "alice", "root.default", 10.0, seq=1, state=JobState.RUNNING,
+              attempts=[Attempt(1, JobState.RUNNING, learners=[Learner(0, "n1", [0, 1], "c1")])],
+              am_registered=[1])
+    c = Container("c1", "job-1", ContainerKind.LEARNER, "n1", [0, 1], 1, 11.0,
+                  exit=ExitStatus(ExitKind.EXITED, 3, 0, "x"))
+    node = Node("n1", "h", 1, "r1", "r1", {0: GpuRecord(0, links=[(1, 1, 18)]), 1: GpuRecord(1)},
+                state=NodeState.DRAINING, allocated={0: "c1"})
+    store.save([job], [c], [node], {"next_job_seq": "2"})
+    store.close()
+    again = SqliteStore(path)
+    snap = again.load()
+    assert snap.jobs == [job]
+    assert snap.containers == [c]
+    assert snap.nodes[0].gpus[0].links == [(1, 1, 18)] and snap.nodes[0].state is NodeState.DRAINING
+    assert snap.meta["next_job_seq"] == "2"
+    mode = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+    again.close()
+
+
+def test_a_failed_save_changes_nothing(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "s.db")
+    job = Job("job-1", JobSpec(gpus=1, command=["x"]), "a", "root.default", 1.0, seq=1)
+    store.save([job], [], [], {})
+
+    class Boom(Container):
+        @property
+        def phase(self):  # type: ignore[override]
+            raise RuntimeError("boom")
+
+    bad = job.__class__("job-2", JobSpec(gpus=1, command=["x"]), "a", "root.default", 1.0, seq=2)
+    try:
+        store.save([bad], [Boom.__new__(Boom)], [], {})
+    except Exception:
+        pass
+    assert [j.job_id for j in store.load().jobs] == ["job-1"]
