@@ -1,0 +1,107 @@
+"""rm.yaml: the RM daemon's configuration."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpurm.queues.fields import ConfigError, Problems, Reader, parse_address
+from gpurm.rm.core import RMSettings
+
+
+def default_state_dir(component: str) -> Path:
+    """/var/lib/gpurm/<component> for root, else under $XDG_STATE_HOME (~/.local/state)."""
+    if os.geteuid() == 0:
+        return Path("/var/lib/gpurm") / component
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gpurm" / component
+
+
+@dataclass
+class RMConfig:
+    listen: str = "127.0.0.1:7070"
+    advertise: str = ""                 # what agents and AMs dial; defaults to listen
+    state_dir: Path = field(default_factory=lambda: default_state_dir("rm"))
+    queues_file: str = ""
+    mqtt_url: str = ""                  # external broker; empty = run the embedded one
+    mqtt_listen: str = "127.0.0.1:0"    # embedded broker address; port 0 picks a free port
+    admins: list[str] = field(default_factory=lambda: ["root"])
+    settings: RMSettings = field(default_factory=RMSettings)
+    view_publish_interval_s: float = 0.5
+
+    @property
+    def advertised(self) -> str:
+        if self.advertise:
+            return self.advertise
+        host, port = parse_address(self.listen)
+        if host in ("0.0.0.0", "::", ""):
+            import socket
+
+            host = socket.getfqdn()
+        return f"{host}:{port}"
+
+
+def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -> RMConfig:
+    data: Any = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except OSError as exc:
+            raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from None
+        except yaml.YAMLError as exc:
+            raise ConfigError([f"{path}: not valid YAML: {exc}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: expected a mapping of settings"])
+    data = {**data, **(overrides or {})}
+    p = Problems()
+    r = Reader(data, "", p)
+    cfg = RMConfig()
+    cfg.listen = r.text("listen", cfg.listen)
+    cfg.advertise = r.text("advertise", "")
+    state_dir = r.text("state_dir", "")
+    if state_dir:
+        cfg.state_dir = Path(state_dir).expanduser()
+    cfg.queues_file = r.text("queues", "")
+    if cfg.queues_file and path is not None and not os.path.isabs(cfg.queues_file):
+        cfg.queues_file = str((path.parent / cfg.queues_file).resolve())
+    for key in ("listen", "advertise"):
+        value = getattr(cfg, key)
+        if value:
+            try:
+                parse_address(value)
+            except ValueError as exc:
+                r.error(key, str(exc))
+    m = r.section("mqtt")
+    cfg.mqtt_url = m.text("url", "")
+    cfg.mqtt_listen = m.text("listen", cfg.mqtt_listen)
+    if cfg.mqtt_url and not cfg.mqtt_url.startswith("mqtt://"):
+        m.error("url", f"must look like mqtt://HOST:PORT, got {cfg.mqtt_url!r}")
+    m.reject_unknown()
+    cfg.admins = r.strings("admins", cfg.admins)
+    s = RMSettings()
+    hb = r.section("heartbeat")
+    s.heartbeat_interval_s = hb.duration("interval", s.heartbeat_interval_s)
+    s.missed_beats = hb.integer("missed_beats", s.missed_beats, minimum=1)
+    hb.reject_unknown()
+    c = r.section("containers")
+    s.container_start_timeout_s = c.duration("start_timeout", s.container_start_timeout_s)
+    s.kill_grace_s = c.duration("kill_grace", s.kill_grace_s)
+    c.reject_unknown()
+    am = r.section("am")
+    s.am_max_attempts = am.integer("max_attempts", s.am_max_attempts, minimum=1)
+    s.am_register_timeout_s = am.duration("register_timeout", s.am_register_timeout_s)
+    s.am_liveness_timeout_s = am.duration("liveness_timeout", s.am_liveness_timeout_s)
+    s.allocate_interval_s = am.duration("allocate_interval", s.allocate_interval_s)
+    s.max_active_ams = am.integer("max_active", s.max_active_ams, minimum=1)
+    s.max_acquiring_per_queue = am.integer("max_acquiring_per_queue", s.max_acquiring_per_queue, minimum=1)
+    am.reject_unknown()
+    if s.heartbeat_interval_s <= 0:
+        hb.error("interval", "must be above 0")
+    cfg.settings = s
+    r.reject_unknown()
+    p.raise_if_any()
+    return cfg

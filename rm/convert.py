@@ -1,0 +1,165 @@
+"""Records <-> protobuf messages, at the RM's edge."""
+
+from __future__ import annotations
+
+from gpurm.proto import gpurm_pb2 as pb
+from gpurm.rm.cluster import GpuRecord, Node, NodeState
+from gpurm.rm.core import AttemptUpdate, ContainerReport, NodeRegistration
+from gpurm.rm.jobspec import spec_to_proto
+from gpurm.rm.model import Attempt, Container, ContainerPhase, ExitKind, FailureKind, Job, JobState, Learner
+from gpurm.rm.scheduler import Ask
+
+
+def ms(seconds: float) -> int:
+    return round(seconds * 1000) if seconds else 0
+
+
+JOB_STATE_TO_PB = {
+    JobState.QUEUED: pb.JOB_QUEUED, JobState.ALLOCATING: pb.JOB_ALLOCATING, JobState.RUNNING: pb.JOB_RUNNING,
+    JobState.SUCCEEDED: pb.JOB_SUCCEEDED, JobState.FAILED: pb.JOB_FAILED, JobState.KILLED: pb.JOB_KILLED,
+}
+JOB_STATE_FROM_PB = {v: k for k, v in JOB_STATE_TO_PB.items()}
+
+FAILURE_TO_PB = {
+    FailureKind.NONE: pb.FAILURE_NONE, FailureKind.USER: pb.FAILURE_USER, FailureKind.INFRA: pb.FAILURE_INFRA,
+    FailureKind.PREEMPTED: pb.FAILURE_PREEMPTED, FailureKind.KILLED: pb.FAILURE_KILLED,
+    FailureKind.AM: pb.FAILURE_AM,
+}
+FAILURE_FROM_PB = {v: k for k, v in FAILURE_TO_PB.items()}
+FAILURE_FROM_PB[pb.FAILURE_KIND_UNSPECIFIED] = FailureKind.NONE
+
+NODE_STATE_TO_PB = {
+    NodeState.RUNNING: pb.NODE_RUNNING, NodeState.UNHEALTHY: pb.NODE_UNHEALTHY, NodeState.LOST: pb.NODE_LOST,
+    NodeState.DRAINING: pb.NODE_DRAINING, NodeState.DECOMMISSIONED: pb.NODE_DECOMMISSIONED,
+}
+
+CONTAINER_STATE_NAMES = {
+    pb.CONTAINER_STARTING: "STARTING", pb.CONTAINER_RUNNING: "RUNNING", pb.CONTAINER_EXITED: "EXITED",
+    pb.CONTAINER_FAILED_TO_START: "FAILED_TO_START", pb.CONTAINER_LOST: "LOST",
+    pb.CONTAINER_STATE_UNSPECIFIED: "STARTING",
+}
+CONTAINER_STATE_VALUES = {v: k for k, v in CONTAINER_STATE_NAMES.items() if k != pb.CONTAINER_STATE_UNSPECIFIED}
+
+
+def learner_to_pb(learner: Learner) -> pb.Learner:
+    return pb.Learner(rank=learner.rank, node_id=learner.node_id, host=learner.host,
+                      gpu_indices=learner.gpu_indices, container_id=learner.container_id,
+                      state=CONTAINER_STATE_VALUES.get(learner.state, pb.CONTAINER_STARTING),
+                      exit_code=learner.exit_code, signal=learner.signal, pid=learner.pid,
+                      preemptible=learner.preemptible, usage=learner.usage)
+
+
+def learner_from_pb(msg: pb.Learner) -> Learner:
+    return Learner(rank=msg.rank, node_id=msg.node_id, gpu_indices=list(msg.gpu_indices),
+                   container_id=msg.container_id, host=msg.host,
+                   state=CONTAINER_STATE_NAMES.get(msg.state, "STARTING"), exit_code=msg.exit_code,
+                   signal=msg.signal, pid=msg.pid, preemptible=msg.preemptible, usage=msg.usage)
+
+
+def attempt_to_pb(a: Attempt) -> pb.Attempt:
+    return pb.Attempt(attempt=a.number, state=JOB_STATE_TO_PB[a.state], start_ms=ms(a.start_time),
+                      end_ms=ms(a.end_time), learners=[learner_to_pb(x) for x in a.learners],
+                      failure=FAILURE_TO_PB[a.failure], cause=a.cause, exit_code=a.exit_code,
+                      counts_as_failure=a.counts_as_failure, level=a.level, am_attempt=a.am_attempt)
+
+
+def job_to_pb(job: Job, gpus_held: int = 0, live_containers: int = 0, preemptible: bool = False) -> pb.Job:
+    return pb.Job(
+        job_id=job.job_id, spec=spec_to_proto(job.spec), user=job.user, queue=job.queue,
+        state=JOB_STATE_TO_PB[job.state], submit_ms=ms(job.submit_time), start_ms=ms(job.start_time),
+        finish_ms=ms(job.finish_time), attempts=[attempt_to_pb(a) for a in job.attempts],
+        diagnostics=job.diagnostics, exit_code=job.exit_code, am_attempt=job.am_attempt, am_node=job.am_node,
+        gpus_held=gpus_held, preemptible=preemptible, preemptions=job.preemptions, failures=job.failures,
+        live_containers=live_containers, waiting_reason=job.waiting_reason, attained_gpu_s=job.attained_gpu_s,
+    )
+
+
+def attempt_update_from_pb(msg: pb.AttemptReport) -> AttemptUpdate:
+    return AttemptUpdate(
+        number=msg.attempt, state=JOB_STATE_FROM_PB.get(msg.state, JobState.ALLOCATING),
+        learners=[learner_from_pb(x) for x in msg.learners], waiting_reason=msg.waiting_reason[:2000],
+        level=msg.level[:32], failure=FAILURE_FROM_PB.get(msg.failure, FailureKind.NONE), cause=msg.cause[:4000],
+        exit_code=msg.exit_code, counts_as_failure=msg.counts_as_failure, start_time=msg.start_ms / 1000,
+        end_time=msg.end_ms / 1000,
+    )
+
+
+def attempt_update_to_pb(u: AttemptUpdate) -> pb.AttemptReport:
+    return pb.AttemptReport(
+        attempt=u.number, state=JOB_STATE_TO_PB[u.state], learners=[learner_to_pb(x) for x in u.learners],
+        waiting_reason=u.waiting_reason, level=u.level, failure=FAILURE_TO_PB[u.failure], cause=u.cause,
+        exit_code=u.exit_code, counts_as_failure=u.counts_as_failure, start_ms=ms(u.start_time),
+        end_ms=ms(u.end_time))
+
+
+def ask_from_pb(msg: pb.ResourceAsk) -> Ask:
+    return Ask(gpus=msg.gpus, count=max(msg.count, 1), node_id=msg.node_id, rack=msg.rack,
+               preferred=tuple(msg.gpu_indices))
+
+
+def report_from_pb(msg: pb.ContainerStatus) -> ContainerReport:
+    return ContainerReport(container_id=msg.container_id, state=CONTAINER_STATE_NAMES.get(msg.state, "STARTING"),
+                           pid=msg.pid, exit_code=msg.exit_code, signal=msg.signal, stopped=msg.stopped,
+                           diagnostics=msg.diagnostics[:2000], infra_failure=msg.infra_failure, job_id=msg.job_id)
+
+
+def container_status_to_pb(c: Container) -> pb.ContainerStatus:
+    if c.phase is ContainerPhase.RUNNING:
+        state = pb.CONTAINER_RUNNING
+    elif c.phase is ContainerPhase.ALLOCATED:
+        state = pb.CONTAINER_STARTING
+    elif c.exit.kind is ExitKind.FAILED_TO_START:
+        state = pb.CONTAINER_FAILED_TO_START
+    elif c.exit.kind in (ExitKind.LOST, ExitKind.EXPIRED):
+        state = pb.CONTAINER_LOST
+    else:
+        state = pb.CONTAINER_EXITED
+    return pb.ContainerStatus(
+        container_id=c.container_id, job_id=c.job_id, state=state, pid=c.pid, exit_code=c.exit.exit_code,
+        signal=c.exit.signal, stopped=c.exit.kind in (ExitKind.STOPPED, ExitKind.RELEASED),
+        diagnostics=c.exit.describe() if c.exit.kind is not ExitKind.NONE else "",
+        start_ms=ms(c.started), end_ms=ms(c.finished), gpu_indices=c.gpu_indices, node_id=c.node_id,
+        infra_failure=c.exit.infra,
+        kind=pb.CONTAINER_AM if c.kind.name == "AM" else pb.CONTAINER_LEARNER,
+    )
+
+
+def gpu_from_pb(msg: pb.GpuInfo) -> GpuRecord:
+    return GpuRecord(index=msg.index, uuid=msg.uuid, model=msg.model, memory_mib=msg.memory_mib,
+                     pci_bus_id=msg.pci_bus_id, numa_node=msg.numa_node, cpu_affinity=msg.cpu_affinity,
+                     mig_enabled=msg.mig_enabled, healthy=msg.healthy, health_reason=msg.health_reason,
+                     links=[(link.peer, int(link.level), link.nvlinks) for link in msg.links])
+
+
+def gpu_to_pb(g: GpuRecord) -> pb.GpuInfo:
+    return pb.GpuInfo(index=g.index, uuid=g.uuid, model=g.model, memory_mib=g.memory_mib, pci_bus_id=g.pci_bus_id,
+                      numa_node=g.numa_node, cpu_affinity=g.cpu_affinity, mig_enabled=g.mig_enabled,
+                      healthy=g.healthy, health_reason=g.health_reason,
+                      links=[pb.GpuLink(peer=p, level=lvl, nvlinks=n) for p, lvl, n in g.links])  # type: ignore[arg-type]
+
+
+def registration_from_pb(msg: pb.RegisterNodeRequest) -> NodeRegistration:
+    return NodeRegistration(
+        node_id=msg.node_id, host=msg.host, port=msg.agent_port, rack=msg.rack or "rack-0",
+        ib_domain=msg.ib_domain or msg.rack or "rack-0", gpus=[gpu_from_pb(g) for g in msg.gpus], cpus=msg.cpus,
+        memory_mib=msg.memory_mib, containers=[report_from_pb(c) for c in msg.containers],
+        agent_version=msg.agent_version, agent_instance=msg.agent_instance, healthy=msg.healthy,
+        health_report=msg.health_report)
+
+
+def node_to_pb(node: Node) -> pb.NodeInfo:
+    return pb.NodeInfo(
+        node_id=node.node_id, host=node.host, agent_port=node.port, rack=node.rack, ib_domain=node.ib_domain,
+        state=NODE_STATE_TO_PB[node.state], gpus=[gpu_to_pb(g) for _, g in sorted(node.gpus.items())],
+        gpus_total=len(node.gpus), gpus_free=node.free, cpus=node.cpus, memory_mib=node.memory_mib,
+        last_heartbeat_ms=ms(node.last_heartbeat), containers=len(set(node.allocated.values())),
+        assignments=[pb.GpuAssignment(gpu_index=i, container_id=cid, job_id=cid.rsplit("-c", 1)[0])
+                     for i, cid in sorted(node.allocated.items())],
+        health_report=node.health_report, agent_version=node.agent_version)
+
+
+def node_view_to_pb(node: Node) -> pb.NodeView:
+    return pb.NodeView(node_id=node.node_id, rack=node.rack, ib_domain=node.ib_domain, gpus_total=len(node.gpus),
+                       free_gpus=node.free_indices(), state=NODE_STATE_TO_PB[node.state],
+                       gpus_healthy=node.healthy_gpus,
+                       islands=[pb.NvlinkIsland(gpus=isl) for isl in node.islands])

@@ -1,0 +1,372 @@
+"""The RM daemon: the asyncio shell around RMCore. It owns the clock, the sockets, the store and the broker.
+
+After every core call (`with shell.mutation():`) it writes what changed to the store, then carries out the
+core's effects: launching AMs on agents, pushing stop orders down the agents' heartbeat streams and publishing
+job events and the cluster view over MQTT. Replies go out only after the store commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from gpurm.proto import gpurm_pb2 as pb
+from gpurm.proto import gpurm_pb2_grpc as pbg
+from gpurm.queues.fields import parse_address
+from gpurm.rm import convert, mqtt
+from gpurm.rm.broker import EmbeddedBroker
+from gpurm.rm.config import RMConfig
+from gpurm.rm.core import ErrorCode, JobChanged, LaunchAM, RequestError, RMCore
+from gpurm.rm.model import Container, ContainerKind, Job
+from gpurm.rm.service import AdminService, AMService, ClientService, TrackerService
+from gpurm.rm.store import SqliteStore
+from gpurm.rm.tokens import TokenKey, am_token, load_or_create_key, sign_container
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+AGENT_CALL_TIMEOUT_S = 10.0
+
+
+class RMShell:
+    def __init__(self, config: RMConfig) -> None:
+        self.config = config
+        self.core = RMCore(config.settings)
+        self.store = SqliteStore(config.state_dir / "state.db")
+        self.key: TokenKey = load_or_create_key(config.state_dir / "token.key")
+        self.mqtt_url = config.mqtt_url
+        self.publisher: mqtt.Publisher | None = None
+        self.broker: EmbeddedBroker | None = None
+        self.streams: dict[str, asyncio.Queue[pb.HeartbeatResponse | None]] = {}
+        self.usage: dict[str, str] = {}
+        self.started = time.time()
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._view_dirty = asyncio.Event()
+
+    # ------------------------------------------------------------ persistence and effects
+
+    @contextlib.contextmanager
+    def mutation(self) -> Iterator[None]:
+        """Run a core call, then persist its changes and carry out its effects before the caller replies."""
+        try:
+            yield
+        finally:
+            self.flush()
+
+    def flush(self) -> None:
+        core = self.core
+        dirty = core.take_dirty()
+        if dirty:
+            self.store.save(
+                [core.jobs[j] for j in dirty.jobs if j in core.jobs],
+                [core.containers[c] for c in dirty.containers if c in core.containers],
+                [core.cluster.nodes[n] for n in dirty.nodes if n in core.cluster.nodes],
+                core.meta() if dirty.meta else {})
+        for effect in core.take_outbox():
+            if isinstance(effect, LaunchAM):
+                self._spawn(self._launch_am(effect))
+            elif isinstance(effect, JobChanged):
+                self._publish_job(effect.job_id)
+        now = time.time()
+        for node_id in core.nodes_with_stops():
+            stream = self.streams.get(node_id)
+            if stream is not None:
+                orders = core.take_stops(node_id, now)
+                stream.put_nowait(pb.HeartbeatResponse(stop=[
+                    pb.StopOrder(container_id=o.container_id, grace_ms=round(o.grace_s * 1000), reason=o.reason)
+                    for o in orders]))
+        if core.cluster.changed:
+            self._view_dirty.set()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------ agents
+
+    def agent_channel(self, node_id: str) -> grpc.aio.Channel:
+        node = self.core.cluster.nodes[node_id]
+        address = f"{node.host}:{node.port}"
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address)
+            self._channels[address] = channel
+        return channel
+
+    def sign(self, c: Container, expiry_s: float) -> pb.ContainerToken:
+        payload = pb.ContainerTokenPayload(
+            container_id=c.container_id, job_id=c.job_id, node_id=c.node_id, gpu_indices=c.gpu_indices,
+            kind=pb.CONTAINER_AM if c.kind is ContainerKind.AM else pb.CONTAINER_LEARNER, user=c.user,
+            expiry_ms=round((time.time() + expiry_s) * 1000), attempt=c.attempt)
+        return sign_container(payload, self.key)
+
+    async def _launch_am(self, effect: LaunchAM) -> None:
+        c = self.core.containers.get(effect.container_id)
+        node = self.core.cluster.nodes.get(effect.node_id)
+        if c is None or node is None or not c.phase.live:
+            return
+        env = {
+            "GPURM_RM": self.config.advertised,
+            "GPURM_JOB_ID": effect.job_id,
+            "GPURM_AM_ATTEMPT": str(effect.am_attempt),
+            "GPURM_AM_TOKEN": am_token(self.key, effect.job_id, effect.am_attempt),
+        }
+        request = pb.StartContainerRequest(token=self.sign(c, self.core.settings.am_register_timeout_s + 60),
+                                           launch=pb.LaunchContext(argv=[], env=env))
+        stub = pbg.ContainerManagerStub(self.agent_channel(effect.node_id))
+        failure = ""
+        try:
+            reply = await stub.StartContainer(request, timeout=AGENT_CALL_TIMEOUT_S)
+            if reply.status.state == pb.CONTAINER_FAILED_TO_START:
+                failure = reply.status.diagnostics or "failed to start"
+            else:
+                log.info("AM %s of %s started on %s (pid %d)", c.container_id, effect.job_id, effect.node_id,
+                         reply.status.pid)
+        except grpc.aio.AioRpcError as exc:
+            failure = f"agent {effect.node_id} refused or unreachable: {exc.code().name}: {exc.details()}"
+        if failure:
+            log.warning("could not start AM %s: %s", c.container_id, failure)
+            with self.mutation():
+                self.core.am_launch_failed(c.container_id, failure, time.time())
+
+    # ------------------------------------------------------------ MQTT
+
+    def _publish_job(self, job_id: str) -> None:
+        job = self.core.jobs.get(job_id)
+        if job is None or self.publisher is None:
+            return
+        attempt = job.current_attempt
+        event = {
+            "job_id": job.job_id, "state": job.state.name, "queue": job.queue, "user": job.user,
+            "gpus": job.spec.gpus, "attempt": attempt.number if attempt else 0,
+            "diagnostics": job.diagnostics, "waiting_reason": job.waiting_reason, "exit_code": job.exit_code,
+            "live_containers": self.core.live_count(job_id), "time": time.time(),
+        }
+        self.publisher.publish_retained(mqtt.TOPIC_JOB.format(job_id=job_id), json.dumps(event).encode())
+
+    async def _publish_view_loop(self) -> None:
+        interval = self.config.view_publish_interval_s
+        while True:
+            await self._view_dirty.wait()
+            self._view_dirty.clear()
+            changed = self.core.cluster.take_changed()
+            if self.publisher is not None:
+                view = self.view_pb()
+                self.publisher.publish_retained(mqtt.TOPIC_VIEW, view.SerializeToString())
+                delta = pb.ClusterView(version=view.version, time_ms=view.time_ms,
+                                       nodes=[n for n in view.nodes if n.node_id in changed])
+                self.publisher.publish(mqtt.TOPIC_VIEW_DELTA, delta.SerializeToString())
+            await asyncio.sleep(interval)
+
+    # ------------------------------------------------------------ views
+
+    def view_pb(self) -> pb.ClusterView:
+        nodes = sorted(self.core.cluster.nodes.values(), key=lambda n: n.node_id)
+        return pb.ClusterView(version=self.core.cluster.version, time_ms=convert.ms(time.time()),
+                              nodes=[convert.node_view_to_pb(n) for n in nodes])
+
+    def job_pb(self, job: Job, full: bool = True) -> pb.Job:
+        live = self.core.job_containers(job.job_id)
+        msg = convert.job_to_pb(job, gpus_held=sum(c.gpus for c in live), live_containers=len(live),
+                                preemptible=any(c.preemptible for c in live))
+        if full:
+            for attempt in msg.attempts:
+                for learner in attempt.learners:
+                    learner.usage = self.usage.get(learner.container_id, learner.usage)
+        else:
+            for attempt in msg.attempts[:-1]:
+                del attempt.learners[:]
+        return msg
+
+    def grant_pb(self, container_id: str) -> pb.ContainerGrant:
+        c = self.core.containers[container_id]
+        node = self.core.cluster.nodes[c.node_id]
+        return pb.ContainerGrant(container_id=c.container_id, node_id=c.node_id, host=node.host,
+                                 agent_port=node.port, gpu_indices=c.gpu_indices,
+                                 token=self.sign(c, self.core.settings.token_ttl_s), preemptible=c.preemptible,
+                                 rack=node.rack, attempt=c.attempt)
+
+    def record_usage(self, beat: pb.NodeHeartbeat) -> None:
+        for u in beat.usage:
+            self.usage[u.container_id] = u.summary[:200]
+
+    def cluster_info(self) -> pb.ClusterInfo:
+        cluster = self.core.cluster
+        return pb.ClusterInfo(mqtt_url=self.mqtt_url, version=VERSION, gpus_total=cluster.total_gpus,
+                              nodes=len(cluster.nodes), started_ms=convert.ms(self.started))
+
+    def queues_pb(self) -> pb.ListQueuesResponse:
+        capacity = self.core.cluster.capacity
+        queues = []
+        for path in sorted(self.core.leaf_queues):
+            jobs = [j for j in self.core.jobs.values() if j.queue == path and not j.state.terminal]
+            used = sum(self.core.gpus_held(j.job_id) for j in jobs)
+            queues.append(pb.QueueInfo(
+                path=path, weight=1.0, min_gpus=0, max_gpus=-1, steady_share=capacity,
+                instantaneous_share=capacity, used_gpus=used,
+                pending_gpus=sum(j.spec.gpus for j in jobs if j.state.name in ("QUEUED", "ALLOCATING")),
+                running_jobs=sum(1 for j in jobs if j.state.name == "RUNNING"),
+                queued_jobs=sum(1 for j in jobs if j.state.name in ("QUEUED", "ALLOCATING")), leaf=True,
+                preemptible=True, policy="fifo", max_running_jobs=-1))
+        return pb.ListQueuesResponse(queues=queues, capacity=capacity)
+
+    def refresh_queues(self, text: str) -> pb.RefreshQueuesResponse:
+        return pb.RefreshQueuesResponse(applied=False, errors=["queue configuration arrives with issue 3"])
+
+    def new_session(self) -> str:
+        return uuid.uuid4().hex
+
+    async def read_logs(self, request: pb.GetLogsRequest) -> pb.GetLogsResponse:
+        job = self.core.get_job(request.job_id)
+        container_id, node_id = self._log_container(job, request)
+        node = self.core.cluster.nodes.get(node_id)
+        if node is None:
+            raise RequestError(ErrorCode.UNAVAILABLE, f"node {node_id} is unknown to this RM; logs unreachable")
+        stub = pbg.ContainerManagerStub(self.agent_channel(node_id))
+        try:
+            reply = await stub.ReadLog(pb.ReadLogRequest(container_id=container_id, offset=max(request.offset, 0),
+                                                         max_bytes=request.max_bytes or 65536),
+                                       timeout=AGENT_CALL_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            raise RequestError(ErrorCode.UNAVAILABLE,
+                               f"cannot read the log of {container_id} from {node_id} "
+                               f"({node.state.name.lower()}): {exc.details()}") from None
+        return pb.GetLogsResponse(data=reply.data, next_offset=reply.next_offset, size=reply.size,
+                                  container_id=container_id, node_id=node_id, container_done=reply.container_done)
+
+    def _log_container(self, job: Job, request: pb.GetLogsRequest) -> tuple[str, str]:
+        if request.am:
+            attempt_no = request.attempt or job.am_attempt
+            cid = f"{job.job_id}-am{attempt_no}"
+            c = self.core.containers.get(cid)
+            if c is None:
+                raise RequestError(ErrorCode.FAILED_PRECONDITION, f"{job.job_id} has no AM attempt {attempt_no}")
+            return cid, c.node_id
+        if not job.attempts:
+            raise RequestError(ErrorCode.FAILED_PRECONDITION,
+                               f"{job.job_id} has not started yet ({job.state.name}); no logs so far. "
+                               f"`gpurm status {job.job_id}` says why")
+        number = request.attempt or len(job.attempts)
+        if not 1 <= number <= len(job.attempts):
+            raise RequestError(ErrorCode.INVALID_ARGUMENT,
+                               f"attempt: {job.job_id} has attempts 1-{len(job.attempts)}, not {number}")
+        attempt = job.attempts[number - 1]
+        for learner in attempt.learners:
+            if learner.rank == request.rank and learner.container_id:
+                return learner.container_id, learner.node_id
+        ranks = sorted(learner.rank for learner in attempt.learners if learner.container_id)
+        if not ranks:
+            raise RequestError(ErrorCode.FAILED_PRECONDITION,
+                               f"attempt {number} of {job.job_id} has no learner running yet; no logs so far")
+        raise RequestError(ErrorCode.INVALID_ARGUMENT,
+                           f"rank: attempt {number} of {job.job_id} has ranks {ranks[0]}-{ranks[-1]}, "
+                           f"not {request.rank}")
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def _tick_loop(self) -> None:
+        interval = min(1.0, self.core.settings.heartbeat_interval_s / 2)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                with self.mutation():
+                    self.core.tick(time.time())
+            except Exception:
+                log.exception("tick failed")
+
+    async def run(self, stop: asyncio.Event) -> None:
+        t0 = time.monotonic()
+        snap = self.store.load()
+        self.core.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, time.time())
+        if not self.mqtt_url:
+            host, port = parse_address(self.config.mqtt_listen)
+            self.broker = EmbeddedBroker(host, port)
+            await self.broker.start()
+            self.mqtt_url = self.broker.url
+        self.publisher = mqtt.Publisher(self.mqtt_url, "rm")
+        self.publisher.start()
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 16 * 1024 * 1024)])
+        pbg.add_ClientServicer_to_server(ClientService(self), server)
+        pbg.add_AdminServicer_to_server(AdminService(self), server)
+        pbg.add_ApplicationMasterServicer_to_server(AMService(self), server)
+        pbg.add_ResourceTrackerServicer_to_server(TrackerService(self), server)
+        host, port = parse_address(self.config.listen)
+        try:
+            bound = server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError:
+            bound = 0
+        if not bound:
+            raise OSError(f"cannot listen on {self.config.listen}: address in use or not available")
+        await server.start()
+        self._write_pidfile(host, bound)
+        live = sum(1 for j in self.core.jobs.values() if not j.state.terminal)
+        log.info("RM serving on %s:%d (MQTT %s); restart to serving took %.0f ms; %d jobs (%d live), %d nodes "
+                 "known", host, bound, self.mqtt_url, (time.monotonic() - t0) * 1000, len(self.core.jobs), live,
+                 len(self.core.cluster.nodes))
+        with self.mutation():
+            for job in self.core.jobs.values():
+                self._publish_job(job.job_id)
+        self._view_dirty.set()
+        tasks = [asyncio.create_task(self._tick_loop()), asyncio.create_task(self._publish_view_loop())]
+        try:
+            await stop.wait()
+        finally:
+            log.info("RM stopping")
+            for t in tasks:
+                t.cancel()
+            for q in list(self.streams.values()):
+                q.put_nowait(None)
+            await server.stop(grace=1.0)
+            for task in list(self._tasks):
+                task.cancel()
+            for ch in self._channels.values():
+                await ch.close()
+            await self.publisher.stop()
+            if self.broker is not None:
+                await self.broker.stop()
+            self.store.close()
+
+    def _write_pidfile(self, host: str, port: int) -> None:
+        path = self.config.state_dir / "rm.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"pid": os.getpid(), "address": f"{host}:{port}", "mqtt_url": self.mqtt_url}))
+        os.replace(tmp, path)
+
+
+def run_rm(config: RMConfig) -> int:
+    """Run the RM until SIGTERM or SIGINT. Returns the exit code."""
+
+    async def main() -> None:
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        shell = RMShell(config)
+        loop.add_signal_handler(signal.SIGHUP, lambda: shell.refresh_queues(""))
+        await shell.run(stop)
+
+    try:
+        asyncio.run(main())
+    except OSError as exc:
+        log.error("%s", exc)
+        return 2
+    return 0
+
+
+def ensure_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path

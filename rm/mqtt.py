@@ -1,0 +1,111 @@
+"""MQTT plumbing shared by RM, agents, AMs and the CLI: URL parsing, topic names and a resilient publisher."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import OrderedDict
+
+import aiomqtt
+
+log = logging.getLogger(__name__)
+
+TOPIC_JOB = "gpurm/jobs/{job_id}"                     # retained JSON: the job's latest state
+TOPIC_VIEW = "gpurm/cluster/view"                     # retained ClusterView snapshot (protobuf)
+TOPIC_VIEW_DELTA = "gpurm/cluster/delta"              # ClusterView holding only changed nodes (protobuf)
+TOPIC_LOGS = "gpurm/logs/{job_id}/{container_id}"     # 8-byte offset + raw log bytes
+TOPIC_TELEMETRY = "gpurm/telemetry/{node_id}"         # JSON GPU telemetry
+
+
+def parse_mqtt_url(url: str) -> tuple[str, int]:
+    rest = url.removeprefix("mqtt://").rstrip("/")
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"expected mqtt://HOST:PORT, got {url!r}")
+    return host, int(port)
+
+
+def client(url: str, identifier: str = "") -> aiomqtt.Client:
+    host, port = parse_mqtt_url(url)
+    # amqtt speaks MQTT 3.1.1 only; mosquitto speaks both.
+    return aiomqtt.Client(host, port, identifier=identifier or None, protocol=aiomqtt.ProtocolVersion.V311,
+                          timeout=5)
+
+
+class Publisher:
+    """Publishes in the background and never blocks its caller.
+
+    Retained topics are coalesced (only the newest payload per topic is kept while waiting), so a broker outage
+    costs memory proportional to the number of topics, not of messages; on reconnect the newest state of every
+    topic goes out. Non-retained messages wait in a bounded queue and the oldest are dropped first.
+    """
+
+    def __init__(self, url: str, name: str, max_stream: int = 10000) -> None:
+        self.url = url
+        self.name = name
+        self._retained: OrderedDict[str, bytes] = OrderedDict()
+        self._stream: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(max_stream)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.connected = False
+        self.published = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"mqtt-publisher-{self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    def publish_retained(self, topic: str, payload: bytes) -> None:
+        self._retained[topic] = payload
+        self._retained.move_to_end(topic)
+        self._wake.set()
+
+    def publish(self, topic: str, payload: bytes) -> None:
+        if self._stream.full():
+            self._stream.get_nowait()
+        self._stream.put_nowait((topic, payload))
+        self._wake.set()
+
+    async def _run(self) -> None:
+        delay = 0.2
+        warned = False
+        while True:
+            try:
+                async with client(self.url) as c:
+                    self.connected = True
+                    delay = 0.2
+                    if warned:
+                        log.info("%s: MQTT broker %s reachable again", self.name, self.url)
+                        warned = False
+                    await self._pump(c)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.connected = False
+                if not warned:
+                    log.warning("%s: MQTT broker %s unreachable (%s); retrying", self.name, self.url, exc)
+                    warned = True
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 5.0)
+
+    async def _pump(self, c: aiomqtt.Client) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while not self._stream.empty():
+                topic, payload = self._stream.get_nowait()
+                await c.publish(topic, payload, qos=0)
+                self.published += 1
+            while self._retained:
+                topic, payload = next(iter(self._retained.items()))
+                await c.publish(topic, payload, qos=1, retain=True)
+                # Only drop it if no newer payload arrived while publishing.
+                if self._retained.get(topic) is payload:
+                    del self._retained[topic]
+                self.published += 1
