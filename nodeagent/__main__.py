@@ -1,0 +1,44 @@
+"""`python -m gpurm.nodeagent --config agent.yaml [--set KEY=VALUE ...]`: the agent without the gpurm CLI.
+
+For tests and debugging; operators run `gpurm agent`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import yaml
+
+from gpurm.nodeagent.config import ConfigError, load_agent_config
+from gpurm.nodeagent.daemon import EXIT_CONFIG, main
+
+log = logging.getLogger("gpurm.nodeagent")
+
+
+def _cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpurm.nodeagent")
+    parser.add_argument("--config", type=Path, help="agent.yaml")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a top-level key; VALUE is read as YAML (e.g. gpus={fake: 4})")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides: dict[str, object] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--set expects KEY=VALUE, got {item!r}")
+        overrides[key.strip()] = yaml.safe_load(value)
+    try:
+        cfg = load_agent_config(args.config, overrides)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            log.error("agent config: %s", problem)
+        return EXIT_CONFIG
+    return main(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(_cli(sys.argv[1:]))

@@ -1,0 +1,153 @@
+"""The node agent daemon: discover GPUs, serve ContainerManager, keep the RM informed, stream logs.
+
+Shutdown (SIGTERM / SIGINT) stops every container (TERM, grace, KILL of each process group) unless
+`containers.keep_on_shutdown`, reports their final statuses to the RM (best effort, 2 s), and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from pathlib import Path
+
+import grpc
+
+from gpurm.nodeagent.config import AgentConfig
+from gpurm.nodeagent.containers import ContainerSupervisor
+from gpurm.nodeagent.gpus import GpuDevice, GpuDiscoveryError, make_provider
+from gpurm.nodeagent.logstream import LogStreamer
+from gpurm.nodeagent.ports import PortReserver
+from gpurm.nodeagent.records import write_json_atomic
+from gpurm.nodeagent.service import ContainerManagerServicer
+from gpurm.nodeagent.tracker import Registration, Tracker
+
+log = logging.getLogger(__name__)
+
+AGENT_FILE = "agent.json"
+FINAL_REPORT_S = 2.0
+EXIT_CONFIG = 2
+
+
+def discover_gpus(cfg: AgentConfig) -> list[GpuDevice]:
+    provider = make_provider(cfg)
+    try:
+        return provider.discover()
+    finally:
+        provider.close()
+
+
+async def run_agent(cfg: AgentConfig, *, stop: asyncio.Event | None = None) -> int:
+    """Run until `stop` is set or SIGTERM / SIGINT arrives. Returns the exit code (2: config, discovery)."""
+    try:
+        gpus = discover_gpus(cfg)
+    except GpuDiscoveryError as exc:
+        log.error("agent %s: %s", cfg.node_id, exc)
+        return EXIT_CONFIG
+    try:
+        cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.error("agent %s: cannot create state_dir %s: %s", cfg.node_id, cfg.state_dir, exc.strerror or exc)
+        return EXIT_CONFIG
+
+    supervisor = ContainerSupervisor(cfg.node_id, cfg.state_dir,
+                                     env_passthrough=cfg.containers.env_passthrough,
+                                     stop_grace_s=cfg.containers.stop_grace_s)
+    servicer = ContainerManagerServicer(supervisor, gpus, stop_grace_s=cfg.containers.stop_grace_s,
+                                        ports=PortReserver(cfg.host))
+    # No SO_REUSEPORT: a second agent on the same port must fail, not silently share it.
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    servicer.add_to_server(server)
+    why = "address in use or not available"
+    try:
+        port = server.add_insecure_port(cfg.listen)
+    except RuntimeError as exc:
+        port, why = 0, str(exc)
+    if not port:
+        log.error("agent %s: cannot listen on %s: %s", cfg.node_id, cfg.listen, why)
+        return EXIT_CONFIG
+    await server.start()
+    agent_file = cfg.state_dir / AGENT_FILE
+    write_json_atomic(agent_file,
+                      {"node_id": cfg.node_id, "host": cfg.host, "port": port, "pid": os.getpid()})
+    log.info("agent %s serving ContainerManager on %s:%d, %d GPUs", cfg.node_id, cfg.host, port, len(gpus))
+
+    streamer = LogStreamer(supervisor, poll_s=cfg.containers.log_poll_s, node_id=cfg.node_id)
+
+    def registered(reg: Registration) -> None:
+        servicer.token_key = reg.token_key
+        streamer.set_broker(reg.mqtt_url)
+
+    tracker = Tracker(cfg, supervisor, gpus, agent_port=port, on_registered=registered)
+    tasks = [asyncio.create_task(tracker.run(), name="tracker"),
+             asyncio.create_task(streamer.run(), name="logstream")]
+
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    handled = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+            handled.append(sig)
+    code = 0
+    try:
+        stopping = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        for task in tasks:
+            if task in done:  # neither loop ends on its own: a bug, so shut down loudly
+                log.error("agent %s: %s loop ended: %r", cfg.node_id, task.get_name(), task.exception())
+                code = 1
+        log.info("agent %s shutting down", cfg.node_id)
+        await _shutdown(cfg, supervisor, servicer, tracker)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await tracker.close()
+        await server.stop(grace=1.0)
+        await supervisor.close()
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+        with contextlib.suppress(OSError):
+            agent_file.unlink()
+    log.info("agent %s stopped", cfg.node_id)
+    return code
+
+
+async def _shutdown(cfg: AgentConfig, supervisor: ContainerSupervisor, servicer: ContainerManagerServicer,
+                    tracker: Tracker) -> None:
+    servicer.closing = True  # no new containers from here on
+    live = [r for r in supervisor.records() if r.live]
+    if cfg.containers.keep_on_shutdown:
+        if live:
+            log.info("leaving %d containers running (containers.keep_on_shutdown)", len(live))
+        return
+    if live:
+        log.info("stopping %d containers (grace %.1fs)", len(live), cfg.containers.stop_grace_s)
+        await supervisor.stop_all(cfg.containers.stop_grace_s, "agent shutdown")
+    if not await tracker.flush(FINAL_REPORT_S):
+        log.info("could not report the final container statuses to the RM")
+
+
+def main(cfg: AgentConfig) -> int:
+    """Blocking entry point for `gpurm agent`: run the agent, return its exit code."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(run_agent(cfg))
+    except KeyboardInterrupt:  # a second Ctrl-C before the handlers were installed
+        return 130
+
+
+def read_agent_file(state_dir: Path) -> dict[str, object] | None:
+    """The running agent's {node_id, host, port, pid}, or None when it is not serving."""
+    import json
+
+    try:
+        data = json.loads((state_dir / AGENT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,100 @@
+"""The agent's record of one container, in memory and mirrored to `<state_dir>/containers/<cid>/record.json`.
+
+The JSON file is rewritten atomically on every change so a restarted agent (a later issue: restart adoption)
+can find the processes it launched and what became of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpurm.proto import gpurm_pb2 as pb
+
+RECORD_FILE = "record.json"
+LOG_FILE = "output.log"
+TERMINAL_STATES = frozenset({pb.CONTAINER_EXITED, pb.CONTAINER_FAILED_TO_START, pb.CONTAINER_LOST})
+# Container ids become directory names: nothing that could climb out of the containers dir.
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}$")
+
+
+def safe_container_id(container_id: str) -> bool:
+    return bool(_SAFE_ID.match(container_id)) and ".." not in container_id
+
+
+@dataclass
+class ContainerRecord:
+    container_id: str
+    job_id: str
+    kind: pb.ContainerKind
+    state: pb.ContainerState
+    gpu_indices: list[int]
+    node_id: str = ""
+    attempt: int = 0
+    user: str = ""
+    argv: list[str] = field(default_factory=list)
+    workdir: str = ""
+    pid: int = 0
+    pgid: int = 0
+    exit_code: int = 0
+    signal: int = 0
+    stopped: bool = False
+    stop_reason: str = ""
+    diagnostics: str = ""
+    infra_failure: bool = False
+    start_ms: int = 0
+    end_ms: int = 0
+    cpus: int = 0                 # share granted by the token; enforced by cgroups in a later issue
+    memory_mib: int = 0
+    version: int = 0              # bumped on every change; the heartbeat's pending set compares it
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def live(self) -> bool:
+        return not self.terminal
+
+    def to_proto(self) -> pb.ContainerStatus:
+        return pb.ContainerStatus(
+            container_id=self.container_id, job_id=self.job_id, kind=self.kind, state=self.state,
+            pid=self.pid, exit_code=self.exit_code, signal=self.signal, stopped=self.stopped,
+            diagnostics=self.diagnostics, start_ms=self.start_ms, end_ms=self.end_ms,
+            gpu_indices=self.gpu_indices, node_id=self.node_id, infra_failure=self.infra_failure,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["kind"] = pb.ContainerKind.Name(self.kind)
+        data["state"] = pb.ContainerState.Name(self.state)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ContainerRecord:
+        values = dict(data)
+        values["kind"] = pb.ContainerKind.Value(values["kind"])
+        values["state"] = pb.ContainerState.Value(values["state"])
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def write_json_atomic(path: Path, data: object) -> None:
+    """Write via a temp file and rename, so a reader (or a restarted agent) never sees half a file.
+
+    No fsync: after a power loss the containers are gone too, so a lost record costs nothing.
+    """
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_record(container_dir: Path) -> ContainerRecord | None:
+    try:
+        return ContainerRecord.from_json(json.loads((container_dir / RECORD_FILE).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,198 @@
+"""The ContainerManager gRPC service: AMs (and the RM) start, stop and inspect containers on this node.
+
+A start must carry a container token the RM signed for this node; the signing key arrives in the RM's
+registration reply, so until then every start is refused as UNAVAILABLE. Every failure leaves as a status
+code with a one-line message, never as a bare internal error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from gpurm.nodeagent.containers import (
+    ContainerExistsError,
+    ContainerSupervisor,
+    GpuBusyError,
+    UnknownContainerError,
+    now_ms,
+)
+from gpurm.nodeagent.gpus import GpuDevice
+from gpurm.nodeagent.ports import PortReserver
+from gpurm.proto import gpurm_pb2 as pb
+from gpurm.proto import gpurm_pb2_grpc as pb_grpc
+from gpurm.rm.tokens import TokenError, TokenKey, verify_container
+
+log = logging.getLogger(__name__)
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+T = TypeVar("T")
+
+DEFAULT_LOG_BYTES = 64 * 1024
+MAX_LOG_BYTES = 1024 * 1024
+
+
+class RpcFailure(Exception):
+    """Ends an RPC with `code` and a one-line message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        self.code = code
+        self.message = message
+        super().__init__(message)
+
+
+class ContainerManagerServicer(pb_grpc.ContainerManagerServicer):
+    def __init__(self, supervisor: ContainerSupervisor, gpus: Sequence[GpuDevice], *, stop_grace_s: float,
+                 ports: PortReserver, token_key: TokenKey | None = None,
+                 clock_ms: Callable[[], int] = now_ms) -> None:
+        self.supervisor = supervisor
+        self.node_id = supervisor.node_id
+        self.gpus = {g.index: g for g in gpus}
+        self.stop_grace_s = stop_grace_s
+        self.ports = ports
+        self.token_key = token_key  # set by the tracker from each registration reply
+        self.closing = False        # the agent is shutting down: no new containers
+        self._clock_ms = clock_ms
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        # Through a typed name: the generated module has no annotations.
+        add: Callable[[ContainerManagerServicer, grpc.aio.Server], None] = (
+            pb_grpc.add_ContainerManagerServicer_to_server)
+        add(self, server)
+
+    # ------------------------------------------------------------------ RPCs
+
+    async def StartContainer(self, request: pb.StartContainerRequest,
+                             context: Ctx) -> pb.StartContainerResponse:
+        return await _guard(context, "StartContainer", lambda: self._start(request))
+
+    async def StopContainer(self, request: pb.StopContainerRequest, context: Ctx) -> pb.StopContainerResponse:
+        return await _guard(context, "StopContainer", lambda: self._stop(request))
+
+    async def GetContainerStatus(self, request: pb.ContainerStatusRequest,
+                                 context: Ctx) -> pb.ContainerStatusResponse:
+        return await _guard(context, "GetContainerStatus", lambda: self._status(request))
+
+    async def ReadLog(self, request: pb.ReadLogRequest, context: Ctx) -> pb.ReadLogResponse:
+        return await _guard(context, "ReadLog", lambda: self._read_log(request))
+
+    async def ReservePort(self, request: pb.ReservePortRequest, context: Ctx) -> pb.ReservePortResponse:
+        return await _guard(context, "ReservePort", lambda: self._reserve_port(request))
+
+    # ------------------------------------------------------------------ handlers
+
+    def _key(self) -> TokenKey:
+        if self.token_key is None:
+            raise RpcFailure(grpc.StatusCode.UNAVAILABLE, "agent has not registered with the RM yet")
+        return self.token_key
+
+    async def _start(self, request: pb.StartContainerRequest) -> pb.StartContainerResponse:
+        if self.closing:
+            raise RpcFailure(grpc.StatusCode.UNAVAILABLE, f"the agent on {self.node_id} is shutting down")
+        try:
+            grant = verify_container(request.token, self._key(), node_id=self.node_id,
+                                     now_ms=self._clock_ms())
+        except TokenError as exc:
+            raise RpcFailure(grpc.StatusCode.PERMISSION_DENIED, f"container token rejected: {exc}") from exc
+        cid = grant.container_id
+        if not cid:
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "the token names no container")
+        if grant.kind not in (pb.CONTAINER_AM, pb.CONTAINER_LEARNER):
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"container {cid}: the token names no kind")
+        indices = list(grant.gpu_indices)
+        missing = sorted({g for g in indices if g not in self.gpus})
+        if missing:
+            have = f"0-{len(self.gpus) - 1}" if self.gpus else "none"
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"container {cid}: GPU indices {missing} do not exist on node {self.node_id} "
+                             f"(it has {have})")
+        if len(set(indices)) != len(indices):
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"container {cid}: GPU indices repeat: {indices}")
+        if grant.kind == pb.CONTAINER_LEARNER and not request.launch.argv:
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"container {cid}: launch.argv is empty")
+        known = self.supervisor.record(cid)
+        if known is None:
+            for g in indices:
+                gpu = self.gpus[g]
+                if not gpu.healthy:
+                    raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
+                                     f"GPU {g} is unhealthy: {gpu.health_reason or 'unknown reason'}")
+        try:
+            rec = await self.supervisor.start(
+                cid, grant.job_id, grant.kind, list(request.launch.argv), dict(request.launch.env),
+                request.launch.workdir, indices, grant.attempt, grant.user,
+                cpus=grant.cpus, memory_mib=grant.memory_mib)
+        except GpuBusyError as exc:
+            raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from exc
+        except ContainerExistsError as exc:
+            raise RpcFailure(grpc.StatusCode.ALREADY_EXISTS, str(exc)) from exc
+        except UnknownContainerError as exc:
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        return pb.StartContainerResponse(status=rec.to_proto())
+
+    async def _stop(self, request: pb.StopContainerRequest) -> pb.StopContainerResponse:
+        cid = request.container_id
+        if not cid:
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "container_id is empty")
+        try:
+            # now_ms=0: a token's expiry limits when a container may be started, not how long it may be
+            # stopped with it (a learner can run for weeks).
+            grant = verify_container(request.token, self._key(), node_id=self.node_id, now_ms=0)
+        except TokenError as exc:
+            raise RpcFailure(grpc.StatusCode.PERMISSION_DENIED, f"container token rejected: {exc}") from exc
+        if grant.container_id != cid:
+            raise RpcFailure(grpc.StatusCode.PERMISSION_DENIED,
+                             f"the token is for container {grant.container_id}, not {cid}")
+        if self.supervisor.record(cid) is None:
+            ended = self.supervisor.status(cid)
+            if ended is None:
+                raise RpcFailure(grpc.StatusCode.NOT_FOUND, f"unknown container {cid} on node {self.node_id}")
+            return pb.StopContainerResponse(status=ended)
+        grace = request.grace_ms / 1000 if request.grace_ms > 0 else self.stop_grace_s
+        rec = await self.supervisor.stop(cid, grace, request.reason or "stop requested by the AM")
+        return pb.StopContainerResponse(status=rec.to_proto())
+
+    async def _status(self, request: pb.ContainerStatusRequest) -> pb.ContainerStatusResponse:
+        if not request.container_ids:
+            return pb.ContainerStatusResponse(statuses=self.supervisor.statuses())
+        out = []
+        for cid in request.container_ids:
+            status = self.supervisor.status(cid)
+            if status is None:
+                # Every id asked about gets an answer: one this agent never ran (or lost) is LOST.
+                status = pb.ContainerStatus(container_id=cid, state=pb.CONTAINER_LOST, node_id=self.node_id,
+                                            diagnostics=f"unknown to the agent on {self.node_id}")
+            out.append(status)
+        return pb.ContainerStatusResponse(statuses=out)
+
+    async def _read_log(self, request: pb.ReadLogRequest) -> pb.ReadLogResponse:
+        max_bytes = request.max_bytes if request.max_bytes > 0 else DEFAULT_LOG_BYTES
+        try:
+            chunk = self.supervisor.read_log(request.container_id, request.offset,
+                                             min(max_bytes, MAX_LOG_BYTES))
+        except UnknownContainerError as exc:
+            raise RpcFailure(grpc.StatusCode.NOT_FOUND, str(exc)) from exc
+        return pb.ReadLogResponse(data=chunk.data, next_offset=chunk.next_offset, size=chunk.size,
+                                  container_done=chunk.done)
+
+    async def _reserve_port(self, request: pb.ReservePortRequest) -> pb.ReservePortResponse:
+        try:
+            port = self.ports.reserve()
+        except OSError as exc:
+            raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from exc
+        log.debug("reserved port %d for job %s", port, request.job_id)
+        return pb.ReservePortResponse(port=port)
+
+
+async def _guard(context: Ctx, name: str, handler: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return await handler()
+    except RpcFailure as exc:
+        await context.abort(exc.code, exc.message)
+    except Exception as exc:
+        log.exception("%s failed", name)
+        await context.abort(grpc.StatusCode.INTERNAL, f"{name} failed: {type(exc).__name__}: {exc}")

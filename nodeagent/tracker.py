@@ -1,0 +1,292 @@
+"""The agent's side of the ResourceTracker protocol: register with the RM, then heartbeat on one stream.
+
+Container changes are deltas: each one stays pending until the RM acknowledges (ack_seq) the first beat
+that carried it, and beats go out at once (coalesced ~20 ms) when something changes, not only on the
+interval. Any failure (RM down, restarted, stream broken, no reply in time) leads back to registration after
+a jittered back-off; registration reports every container the agent knows, so an RM restart loses nothing
+and no container is touched by it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import logging
+import uuid
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from gpurm.nodeagent.backoff import Backoff
+from gpurm.nodeagent.config import AgentConfig
+from gpurm.nodeagent.containers import ContainerSupervisor
+from gpurm.nodeagent.gpus import GpuDevice
+from gpurm.nodeagent.records import ContainerRecord
+from gpurm.proto import gpurm_pb2 as pb
+from gpurm.proto import gpurm_pb2_grpc as pb_grpc
+from gpurm.rm.tokens import TokenKey
+
+log = logging.getLogger(__name__)
+
+COALESCE_S = 0.02
+REGISTER_TIMEOUT_S = 10.0
+DEFAULT_INTERVAL_S = 1.0
+BACKOFF_BASE_S = 0.2
+BACKOFF_MAX_S = 5.0
+
+HeartbeatCall = grpc.aio.StreamStreamCall[pb.NodeHeartbeat, pb.HeartbeatResponse]
+
+
+def agent_version() -> str:
+    try:
+        return importlib.metadata.version("gpurm")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What one successful RegisterNode handed the agent."""
+
+    session: str
+    interval_s: float
+    token_key: TokenKey
+    mqtt_url: str
+
+
+@dataclass
+class _Pending:
+    status: pb.ContainerStatus
+    version: int                  # the record version this status shows
+    sent_seq: int | None = None   # the first beat that carried this version
+
+
+class _StreamEnded(Exception):
+    pass
+
+
+def _tracker_stub(channel: grpc.aio.Channel) -> Any:
+    # Through a typed name: the generated module has no annotations.
+    make: Callable[[grpc.aio.Channel], Any] = pb_grpc.ResourceTrackerStub
+    return make(channel)
+
+
+class Tracker:
+    def __init__(self, cfg: AgentConfig, supervisor: ContainerSupervisor, gpus: Sequence[GpuDevice], *,
+                 agent_port: int, on_registered: Callable[[Registration], None] | None = None,
+                 agent_instance: str | None = None, backoff: Backoff | None = None) -> None:
+        self.cfg = cfg
+        self.supervisor = supervisor
+        self.gpus = list(gpus)
+        self.agent_port = agent_port
+        self.agent_instance = agent_instance or uuid.uuid4().hex
+        self.on_registered = on_registered
+        self.registration: Registration | None = None
+        self.registered = asyncio.Event()   # set while a session is open
+        self.registrations = 0
+        self._backoff = backoff or Backoff(BACKOFF_BASE_S, BACKOFF_MAX_S)
+        self._seq = 0
+        self._pending: dict[str, _Pending] = {}
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._outage_logged = False
+        self._last_reply = 0.0  # loop time of the last heartbeat reply
+        supervisor.add_listener(self._on_change)
+
+    # ------------------------------------------------------------------ public
+
+    async def run(self) -> None:
+        """Register and heartbeat until cancelled, reconnecting after any failure."""
+        while True:
+            try:
+                async with grpc.aio.insecure_channel(self.cfg.rm) as channel:
+                    stub = _tracker_stub(channel)
+                    reg = await self._register(stub)
+                    await self._heartbeat(stub, reg)
+                log.info("the RM asked this agent to register again")
+            except Exception as exc:  # whatever broke, the agent must come back to the RM
+                self._lost(exc)
+                await asyncio.sleep(self._backoff.next())
+            finally:
+                self.registered.clear()
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Push pending container changes now and wait until the RM acknowledged them (best effort)."""
+        if self._pending:
+            self._drained.clear()
+        self._wake.set()
+        try:
+            await asyncio.wait_for(self._drained.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    @property
+    def pending(self) -> list[str]:
+        """Container ids whose latest change the RM has not acknowledged yet."""
+        return list(self._pending)
+
+    # ------------------------------------------------------------------ registration
+
+    async def _register(self, stub: Any) -> Registration:
+        records = self.supervisor.records()
+        request = pb.RegisterNodeRequest(
+            node_id=self.cfg.node_id, host=self.cfg.host, agent_port=self.agent_port, rack=self.cfg.rack,
+            ib_domain=self.cfg.ib_domain, gpus=[g.to_proto() for g in self.gpus], cpus=self.cfg.cpus,
+            memory_mib=self.cfg.memory_mib, containers=[r.to_proto() for r in records],
+            agent_version=agent_version(), agent_instance=self.agent_instance, healthy=True,
+        )
+        versions = {r.container_id: r.version for r in records}
+        reply: pb.RegisterNodeResponse = await stub.RegisterNode(request, timeout=REGISTER_TIMEOUT_S)
+        # The reply acknowledges every container the request carried, at the version it carried.
+        for cid, version in versions.items():
+            self._acknowledged(cid, version)
+        interval_ms = reply.heartbeat_interval_ms
+        reg = Registration(
+            session=reply.session,
+            interval_s=interval_ms / 1000 if interval_ms > 0 else DEFAULT_INTERVAL_S,
+            token_key=TokenKey(reply.token_key_id, bytes(reply.token_key)),
+            mqtt_url=reply.mqtt_url,
+        )
+        self.registration = reg
+        self.registrations += 1
+        log.info("registered with the RM at %s: session %s, %d containers, heartbeat every %.1fs",
+                 self.cfg.rm, reg.session, len(records), reg.interval_s)
+        self._outage_logged = False
+        if self.on_registered is not None:
+            self.on_registered(reg)
+        for cid in reply.stop_containers:
+            self._order_stop(cid, 0, "the RM does not know this container")
+        self.registered.set()
+        return reg
+
+    # ------------------------------------------------------------------ heartbeat stream
+
+    async def _heartbeat(self, stub: Any, reg: Registration) -> None:
+        """Returns when the RM asks for a new registration; raises when the stream fails."""
+        call: HeartbeatCall = stub.Heartbeat()
+        self._last_reply = asyncio.get_running_loop().time()
+        tasks = [asyncio.create_task(self._send_loop(call, reg)),
+                 asyncio.create_task(self._read_loop(call)),
+                 asyncio.create_task(self._watchdog(reg))]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+        finally:
+            # Cancel the call before the tasks: a task cancelled inside grpc's read() can swallow the
+            # cancellation and hang; a cancelled call ends the read at once.
+            call.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _send_loop(self, call: HeartbeatCall, reg: Registration) -> None:
+        while True:
+            self._wake.clear()
+            await call.write(self._next_beat(reg))
+            try:
+                await asyncio.wait_for(self._wake.wait(), reg.interval_s)
+                await asyncio.sleep(COALESCE_S)  # let a burst of changes (a gang ending) share one beat
+            except TimeoutError:
+                pass
+
+    async def _read_loop(self, call: HeartbeatCall) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            response = await call.read()
+            if response is grpc.aio.EOF:
+                raise _StreamEnded("the RM closed the heartbeat stream")
+            assert isinstance(response, pb.HeartbeatResponse)
+            self._last_reply = loop.time()
+            self._backoff.reset()
+            self._on_ack(response.ack_seq)
+            for order in response.stop:
+                self._order_stop(order.container_id, order.grace_ms, order.reason or "stop ordered by the RM")
+            if response.action == pb.HEARTBEAT_REREGISTER:
+                return
+
+    async def _watchdog(self, reg: Registration) -> None:
+        """The RM answers every beat: this long a silence means the connection is dead, even when TCP
+        has not noticed yet."""
+        silence_s = 3 * reg.interval_s + 5.0
+        loop = asyncio.get_running_loop()
+        while (left := self._last_reply + silence_s - loop.time()) > 0:
+            await asyncio.sleep(left)
+        raise _StreamEnded(f"no heartbeat reply for {silence_s:.0f}s")
+
+    def _next_beat(self, reg: Registration) -> pb.NodeHeartbeat:
+        self._seq += 1
+        statuses = []
+        for p in self._pending.values():
+            if p.sent_seq is None:
+                p.sent_seq = self._seq
+            statuses.append(p.status)
+        return pb.NodeHeartbeat(node_id=self.cfg.node_id, session=reg.session, seq=self._seq,
+                                containers=statuses, healthy=True)
+
+    # ------------------------------------------------------------------ pending changes
+
+    def _on_change(self, rec: ContainerRecord) -> None:
+        self._pending[rec.container_id] = _Pending(rec.to_proto(), rec.version)
+        self._drained.clear()
+        self._wake.set()
+
+    def _on_ack(self, ack_seq: int) -> None:
+        for cid, p in list(self._pending.items()):
+            if p.sent_seq is not None and p.sent_seq <= ack_seq:
+                self._acknowledged(cid, p.version)
+
+    def _acknowledged(self, cid: str, version: int) -> None:
+        p = self._pending.get(cid)
+        if p is not None and p.version != version:
+            return  # it changed again since: that change is still owed to the RM
+        self._pending.pop(cid, None)
+        rec = self.supervisor.record(cid)
+        if rec is not None and rec.terminal and rec.version == version:
+            self.supervisor.forget(cid)
+        if not self._pending:
+            self._drained.set()
+
+    # ------------------------------------------------------------------ orders and failures
+
+    def _order_stop(self, cid: str, grace_ms: int, reason: str) -> None:
+        rec = self.supervisor.record(cid)
+        if rec is None or rec.terminal:
+            log.debug("stop order for %s: nothing to stop", cid)
+            return
+        grace = grace_ms / 1000 if grace_ms > 0 else self.cfg.containers.stop_grace_s
+        self._spawn(self.supervisor.stop(cid, grace, reason))
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("stop order failed: %s", task.exception())
+
+    def _lost(self, exc: BaseException) -> None:
+        expected = isinstance(exc, grpc.aio.AioRpcError | _StreamEnded | TimeoutError | OSError)
+        if isinstance(exc, grpc.aio.AioRpcError):
+            why = f"{exc.code().name}: {exc.details() or ''}".rstrip(": ")
+        else:
+            why = str(exc) or type(exc).__name__
+        was = "lost the RM" if self.registered.is_set() else "cannot reach the RM"
+        # One warning per outage; the retries in between are debug noise. A surprise gets its traceback.
+        level = logging.DEBUG if self._outage_logged else logging.WARNING
+        log.log(level, "%s at %s (%s); retrying with back-off, containers keep running",
+                was, self.cfg.rm, why, exc_info=None if expected else exc)
+        self._outage_logged = True
