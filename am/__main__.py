@@ -1,0 +1,42 @@
+"""`python -m gpurm.am`: the per-job ApplicationMaster, started by an agent as the job's AM container.
+
+It reads GPURM_RM, GPURM_JOB_ID, GPURM_AM_ATTEMPT and GPURM_AM_TOKEN from its environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from gpurm.am.runner import AMRunner
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    missing = [v for v in ("GPURM_RM", "GPURM_JOB_ID", "GPURM_AM_ATTEMPT", "GPURM_AM_TOKEN") if not os.environ.get(v)]
+    if missing:
+        sys.stderr.write(f"gpurm.am: missing environment {', '.join(missing)}; the AM is started by a node agent "
+                         "on the RM's behalf, not by hand\n")
+        return 2
+    runner = AMRunner(os.environ["GPURM_RM"], os.environ["GPURM_JOB_ID"], int(os.environ["GPURM_AM_ATTEMPT"]),
+                      os.environ["GPURM_AM_TOKEN"])
+
+    async def run() -> int:
+        task = asyncio.ensure_future(runner.run())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            logging.getLogger("gpurm.am").info("AM stopped by signal")
+            return 143
+
+    return asyncio.run(run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

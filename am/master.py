@@ -1,0 +1,540 @@
+"""The AM's state machine (Philly's acquisition workflow). Pure: events and `now` in, decisions out.
+
+One attempt goes: PLANNING (find a plan at the current locality level in the view) -> ACQUIRING (ask the RM
+for exactly the plan's servers; keep grants as they come) -> LAUNCHING (start every learner) -> RUNNING
+(watch them) -> SUCCEEDED, or STOPPING (tear the gang down) -> a new attempt, or FAILED.
+If the gang is not complete within `timeout` of entering a level, everything held is released, the AM backs off
+(base x 2^k with full jitter, capped) and relaxes one level; at `any` it keeps cycling with back-off.
+
+The shell feeds it the view, grants, completions and launch results, and carries out what it asks for: the asks
+sent with each allocate, releases, learner launches and stops, attempt reports and the final state.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from gpurm.am.placement import Part, Plan, ServerView, fewest_servers, plan
+from gpurm.queues.fields import format_duration
+from gpurm.rm.jobspec import JobSpec, LocalityLevel
+from gpurm.rm.model import FailureKind, JobState, Learner
+
+USER_ERROR_WINDOW_S = 60.0     # a failure this soon after start, twice with one exit code, is the user's
+STOP_WAIT_S = 60.0             # how long to wait for stopped learners to be reported gone
+
+
+class Phase(enum.Enum):
+    PLANNING = "PLANNING"
+    ACQUIRING = "ACQUIRING"
+    BACKOFF = "BACKOFF"
+    LAUNCHING = "LAUNCHING"
+    RUNNING = "RUNNING"
+    STOPPING = "STOPPING"
+    DONE = "DONE"
+
+
+@dataclass
+class Held:
+    """A container the RM granted to this job."""
+
+    container_id: str
+    node_id: str
+    rack: str
+    host: str
+    port: int
+    gpu_indices: tuple[int, ...]
+    token: Any = None          # opaque to the state machine; the shell passes it to the agent
+    preemptible: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return len(self.gpu_indices)
+
+
+@dataclass
+class Ended:
+    """A container the RM reports ended."""
+
+    container_id: str
+    exit_code: int = 0
+    signal: int = 0
+    stopped: bool = False       # ended because somebody stopped it
+    failed_to_start: bool = False
+    lost: bool = False          # node lost, agent forgot it, grant expired
+    infra: bool = False
+    diagnostics: str = ""
+
+    def describe(self) -> str:
+        if self.lost:
+            return f"lost ({self.diagnostics})" if self.diagnostics else "lost"
+        if self.failed_to_start:
+            return f"failed to start: {self.diagnostics}" if self.diagnostics else "failed to start"
+        if self.signal:
+            return f"was killed by signal {self.signal}"
+        return f"exited with code {self.exit_code}"
+
+
+@dataclass
+class Run:
+    """A launched learner."""
+
+    rank: int
+    held: Held
+    state: str = "STARTING"     # STARTING, RUNNING, EXITED, FAILED_TO_START, LOST
+    pid: int = 0
+    exit_code: int = 0
+    signal: int = 0
+
+    @property
+    def live(self) -> bool:
+        return self.state in ("STARTING", "RUNNING")
+
+
+@dataclass
+class Launch:
+    """Start these learners (one per server); env holds the torchrun variables."""
+
+    attempt: int
+    learners: list[tuple[Held, int, dict[str, str]]]   # (container, rank, env without MASTER_PORT)
+    master_node: str
+
+
+@dataclass
+class Stop:
+    held: Held
+    grace_s: float
+    reason: str
+
+
+Action = Launch | Stop
+
+
+@dataclass
+class AttemptRecord:
+    number: int
+    state: JobState = JobState.ALLOCATING
+    start_time: float = 0.0
+    end_time: float = 0.0
+    learners: list[Learner] = field(default_factory=list)
+    failure: FailureKind = FailureKind.NONE
+    cause: str = ""
+    exit_code: int = 0
+    counts_as_failure: bool = False
+    level: str = ""
+    waiting_reason: str = ""
+    launched_at: float = -1.0      # when every learner ran; -1 = never (or unknown after adoption)
+
+
+@dataclass
+class Final:
+    state: JobState
+    diagnostics: str
+    exit_code: int = 0
+
+
+class Master:
+    def __init__(self, spec: JobSpec, now: float, rng: random.Random | None = None, first_attempt: int = 1) -> None:
+        self.spec = spec
+        self.rng = rng or random.Random()
+        self.phase = Phase.PLANNING
+        self.view: list[ServerView] = []
+        self.held: dict[str, Held] = {}
+        self.runs: dict[str, Run] = {}
+        self.avoid: set[str] = set()
+        self.releases: list[str] = []
+        self.actions: list[Action] = []
+        self.attempts: list[AttemptRecord] = []
+        self.dirty: set[int] = set()
+        self.final: Final | None = None
+        self.plan: Plan | None = None
+        self.level = spec.locality.start_level
+        self.level_since = now
+        self.backoffs = 0              # back-offs taken in this attempt (the exponent)
+        self.backoff_until = 0.0
+        self.stop_since = 0.0
+        self.pending_end: tuple[FailureKind, str, int] | None = None
+        self._new_attempt(first_attempt, now)
+
+    # ------------------------------------------------------------ outputs
+
+    @property
+    def attempt(self) -> AttemptRecord:
+        return self.attempts[-1]
+
+    def asks(self) -> list[tuple[str, int, tuple[int, ...]]]:
+        """Outstanding asks: (node, GPUs, preferred indices) for every part of the plan not yet held."""
+        if self.phase is not Phase.ACQUIRING or self.plan is None:
+            return []
+        return [(p.node_id, p.gpus, p.gpu_indices) for p in self._missing_parts()]
+
+    def take_releases(self) -> list[str]:
+        out, self.releases = self.releases, []
+        return out
+
+    def take_actions(self) -> list[Action]:
+        out, self.actions = self.actions, []
+        return out
+
+    def take_reports(self) -> list[AttemptRecord]:
+        out = [a for a in self.attempts if a.number in self.dirty]
+        self.dirty.clear()
+        return out
+
+    @property
+    def held_gpus(self) -> int:
+        return sum(h.gpus for h in self.held.values())
+
+    # ------------------------------------------------------------ inputs
+
+    def on_view(self, servers: Sequence[ServerView], now: float) -> None:
+        self.view = list(servers)
+        self.step(now)
+
+    def on_grant(self, held: Held, now: float) -> None:
+        if held.container_id in self.held or held.container_id in self.runs:
+            return
+        if self.phase is Phase.ACQUIRING and self._wanted(held):
+            self.held[held.container_id] = held
+        else:
+            # Granted for an ask we no longer have (a stale plan, or the gang is complete): give it back.
+            self.releases.append(held.container_id)
+        self.step(now)
+
+    def on_ended(self, ended: Ended, now: float) -> None:
+        cid = ended.container_id
+        run = self.runs.get(cid)
+        held = self.held.pop(cid, None)
+        if run is None or not run.live:
+            if held is not None and self.phase is Phase.ACQUIRING and (ended.lost or ended.infra):
+                self.avoid.add(held.node_id)
+            self.step(now)
+            return
+        run.state = "LOST" if ended.lost else "FAILED_TO_START" if ended.failed_to_start else "EXITED"
+        run.exit_code, run.signal = ended.exit_code, ended.signal
+        self._sync_learners()
+        if self.phase in (Phase.RUNNING, Phase.LAUNCHING):
+            if not ended.stopped and not ended.lost and not ended.failed_to_start and ended.exit_code == 0 \
+                    and ended.signal == 0:
+                self._succeeded_learner(run, now)
+            else:
+                kind = FailureKind.INFRA if (ended.lost or ended.infra) else FailureKind.USER
+                if kind is FailureKind.INFRA:
+                    self.avoid.add(run.held.node_id)
+                cause = f"rank {run.rank} on {run.held.node_id} {ended.describe()}"
+                self._end_attempt(kind, cause, ended.exit_code if not ended.signal else 128 + ended.signal, now)
+        self.step(now)
+
+    def on_started(self, container_id: str, ok: bool, pid: int, diagnostics: str, infra: bool,
+                   now: float) -> None:
+        """The shell's report of one learner launch."""
+        run = self.runs.get(container_id)
+        if run is None or run.state != "STARTING":
+            return
+        if ok:
+            run.state, run.pid = "RUNNING", pid
+            self._sync_learners()
+            if self.phase is Phase.LAUNCHING and all(r.state == "RUNNING" for r in self.runs.values()):
+                self.phase = Phase.RUNNING
+                self.attempt.state = JobState.RUNNING
+                self.attempt.launched_at = now
+                self.attempt.waiting_reason = ""
+                self.dirty.add(self.attempt.number)
+        else:
+            run.state = "FAILED_TO_START"
+            self._sync_learners()
+            if infra:
+                self.avoid.add(run.held.node_id)
+            kind = FailureKind.INFRA if infra else FailureKind.USER
+            self._end_attempt(kind, f"rank {run.rank} on {run.held.node_id} failed to start: {diagnostics}",
+                              0, now)
+        self.step(now)
+
+    def on_preempted(self, container_ids: Iterable[str], grace_s: float, now: float) -> None:
+        ids = set(container_ids)
+        if not ids & (set(self.held) | {cid for cid, r in self.runs.items() if r.live}):
+            return
+        if self.phase in (Phase.RUNNING, Phase.LAUNCHING):
+            self._end_attempt(FailureKind.PREEMPTED, "preempted: its queue's GPUs were taken back by fair share",
+                              0, now, grace_s=grace_s)
+        else:
+            for cid in ids:
+                if cid in self.held:
+                    self.held.pop(cid)
+                    self.releases.append(cid)
+        self.step(now)
+
+    def on_kill(self, reason: str, now: float) -> None:
+        if self.final is not None:
+            return
+        for run in self._live_runs():
+            self.actions.append(Stop(run.held, 0.0, "job killed"))
+        self.releases.extend(self.held)
+        self.held.clear()
+        attempt = self.attempt
+        if not attempt.state.terminal:
+            attempt.state, attempt.failure, attempt.cause, attempt.end_time = (
+                JobState.KILLED, FailureKind.KILLED, reason or "killed", now)
+            self.dirty.add(attempt.number)
+        self.final = Final(JobState.KILLED, reason or "killed")
+        self.phase = Phase.DONE
+
+    def adopt(self, attempts: Sequence[AttemptRecord], held: Sequence[Held], ended: Sequence[Ended],
+              now: float) -> None:
+        """A restarted AM takes over: learners of a running attempt keep running; anything else held is
+        released and the attempt is acquired again."""
+        self.attempts = [a for a in attempts] or self.attempts
+        held_by_id = {h.container_id: h for h in held}
+        last = self.attempts[-1]
+        if last.state is JobState.RUNNING and last.learners and all(
+                ln.container_id in held_by_id or any(e.container_id == ln.container_id for e in ended)
+                for ln in last.learners):
+            self.runs = {}
+            for ln in last.learners:
+                h = held_by_id.pop(ln.container_id, None)
+                if h is None:
+                    h = Held(ln.container_id, ln.node_id, "", ln.host, 0, tuple(ln.gpu_indices))
+                self.runs[ln.container_id] = Run(ln.rank, h, state="RUNNING", pid=ln.pid)
+            self.phase = Phase.RUNNING
+            self.releases.extend(held_by_id)        # grants that never became learners
+            for e in ended:
+                if e.container_id in self.runs:
+                    self.on_ended(e, now)
+            return
+        self.releases.extend(held_by_id)
+        if last.state.terminal:
+            self._new_attempt(last.number + 1, now)
+        else:
+            last.state = JobState.ALLOCATING
+            last.learners = []
+            self.dirty.add(last.number)
+            self._enter_level(self.spec.locality.start_level, now)
+        self.step(now)
+
+    # ------------------------------------------------------------ the machine
+
+    def step(self, now: float) -> None:
+        if self.phase is Phase.DONE:
+            return
+        if self.phase is Phase.STOPPING:
+            if self._live_runs() and now - self.stop_since <= STOP_WAIT_S:
+                return
+            self._after_stop(now)
+            if cast(Phase, self.phase) is not Phase.PLANNING:   # _after_stop moved it on
+                return
+        if self.phase is Phase.BACKOFF:
+            if now < self.backoff_until:
+                self._waiting(now)
+                return
+            nxt = LocalityLevel(min(self.level + 1, LocalityLevel.ANY))
+            self._enter_level(nxt, now)
+        if self.phase is Phase.PLANNING and self.level is LocalityLevel.NODE and self.view \
+                and fewest_servers(self.spec.gpus, self.view) > 1:
+            self._enter_level(LocalityLevel.PACKED, now)    # no server is big enough: skip at once
+        if self.phase is Phase.PLANNING:
+            self.plan = plan(self.spec.gpus, self.view, self.level, self.avoid) if self.view else None
+            if self.plan is not None:
+                self.phase = Phase.ACQUIRING
+        if self.phase is Phase.ACQUIRING and self.plan is not None and not self._missing_parts():
+            self._launch(now)
+            return
+        if self.phase in (Phase.PLANNING, Phase.ACQUIRING):
+            if now - self.level_since >= self.spec.locality.timeout_s:
+                self._give_up_level(now)
+            self._waiting(now)
+
+    def _enter_level(self, level: LocalityLevel, now: float) -> None:
+        # A level that can never hold the job (one server too small) is skipped at once.
+        if level is LocalityLevel.NODE and self.view and fewest_servers(self.spec.gpus, self.view) > 1:
+            level = LocalityLevel.PACKED
+        self.level = level
+        self.level_since = now
+        self.plan = None
+        self.phase = Phase.PLANNING
+        self.attempt.level = level.label
+        self.dirty.add(self.attempt.number)
+
+    def _give_up_level(self, now: float) -> None:
+        self.releases.extend(self.held)
+        self.held.clear()
+        self.plan = None
+        cap = min(self.spec.locality.backoff_base_s * (2 ** self.backoffs), self.spec.locality.backoff_max_s)
+        self.backoffs += 1
+        self.backoff_until = now + self.rng.uniform(0.0, cap)
+        self.phase = Phase.BACKOFF
+
+    def _missing_parts(self) -> list[Part]:
+        assert self.plan is not None
+        free = list(self.held.values())
+        missing = []
+        for part in self.plan.parts:
+            match = next((h for h in free if h.node_id == part.node_id and h.gpus == part.gpus), None)
+            if match is not None:
+                free.remove(match)
+            else:
+                missing.append(part)
+        return missing
+
+    def _wanted(self, held: Held) -> bool:
+        if self.plan is None:
+            return False
+        return any(p.node_id == held.node_id and p.gpus == held.gpus for p in self._missing_parts())
+
+    def _launch(self, now: float) -> None:
+        assert self.plan is not None
+        gang = sorted(self.held.values(), key=lambda h: (-h.gpus, h.node_id))
+        world = sum(h.gpus for h in gang)
+        master = gang[0]
+        learners = []
+        self.runs = {}
+        for rank, h in enumerate(gang):
+            env = {
+                "MASTER_ADDR": master.host, "NNODES": str(len(gang)), "NODE_RANK": str(rank),
+                "NPROC_PER_NODE": str(h.gpus), "WORLD_SIZE": str(world),
+                "GPURM_ATTEMPT": str(self.attempt.number),
+            }
+            learners.append((h, rank, env))
+            self.runs[h.container_id] = Run(rank, h)
+        self.held.clear()
+        self.actions.append(Launch(self.attempt.number, learners, master.node_id))
+        self.phase = Phase.LAUNCHING
+        self.attempt.level = self.plan.level.label
+        self.attempt.waiting_reason = "starting its learners"
+        self._sync_learners()
+
+    def _live_runs(self) -> list[Run]:
+        return [r for r in self.runs.values() if r.live]
+
+    def _succeeded_learner(self, run: Run, now: float) -> None:
+        if self._live_runs():
+            return          # the others are still finishing
+        attempt = self.attempt
+        attempt.state, attempt.end_time, attempt.failure = JobState.SUCCEEDED, now, FailureKind.NONE
+        self.dirty.add(attempt.number)
+        self.final = Final(JobState.SUCCEEDED, f"all learners of attempt {attempt.number} exited with code 0")
+        self.phase = Phase.DONE
+
+    def _end_attempt(self, kind: FailureKind, cause: str, exit_code: int, now: float,
+                     grace_s: float = 10.0) -> None:
+        """The attempt is over: stop what still runs, give everything back, then decide in _after_stop."""
+        if self.phase is Phase.STOPPING or self.phase is Phase.DONE:
+            return
+        for run in self._live_runs():
+            self.actions.append(Stop(run.held, grace_s, cause))
+        self.releases.extend(self.held)
+        self.held.clear()
+        self.pending_end = (kind, cause, exit_code)
+        self.phase = Phase.STOPPING
+        self.stop_since = now
+        attempt = self.attempt
+        attempt.end_time = now
+        attempt.failure, attempt.cause, attempt.exit_code = kind, cause, exit_code
+        attempt.counts_as_failure = kind in (FailureKind.USER, FailureKind.INFRA)
+        attempt.state = JobState.FAILED if attempt.counts_as_failure else JobState.KILLED
+        self.dirty.add(attempt.number)
+
+    def _after_stop(self, now: float) -> None:
+        # Whatever did not confirm its end in time is released anyway; the RM stops it.
+        self.releases.extend(r.held.container_id for r in self._live_runs())
+        assert self.pending_end is not None
+        kind, cause, code = self.pending_end
+        self.pending_end = None
+        failures = [a for a in self.attempts if a.counts_as_failure]
+        if kind is FailureKind.PREEMPTED:
+            self._new_attempt(self.attempt.number + 1, now)
+            return
+        if len(failures) > self.spec.max_retries:
+            causes = "; ".join(f"attempt {a.number}: {a.cause}" for a in self.attempts if a.counts_as_failure)
+            self._fail(f"failed {len(failures)} times (max_retries {self.spec.max_retries}): {causes}", code)
+            return
+        if self._user_error(failures):
+            self._fail(f"{cause}; the same exit code ({code}) within a minute of starting in attempts "
+                       f"{failures[0].number} and {failures[1].number}: a user error, not retried", code)
+            return
+        self._new_attempt(self.attempt.number + 1, now)
+
+    def _user_error(self, failures: list[AttemptRecord]) -> bool:
+        if len(failures) != 2 or self.attempts[0] is not failures[0]:
+            return False
+        a, b = failures
+        quick = all(x.launched_at >= 0 and x.end_time - x.launched_at <= USER_ERROR_WINDOW_S for x in (a, b))
+        return (quick and a.failure is FailureKind.USER and b.failure is FailureKind.USER
+                and a.exit_code == b.exit_code and a.exit_code != 0)
+
+    def _fail(self, diagnostics: str, exit_code: int) -> None:
+        self.final = Final(JobState.FAILED, diagnostics, exit_code)
+        self.phase = Phase.DONE
+
+    def _new_attempt(self, number: int, now: float) -> None:
+        self.runs = {}
+        self.attempts.append(AttemptRecord(number=number, start_time=now))
+        self.dirty.add(number)
+        self.backoffs = 0
+        self._enter_level(self.spec.locality.start_level, now)
+
+    def _sync_learners(self) -> None:
+        self.attempt.learners = [
+            Learner(rank=r.rank, node_id=r.held.node_id, gpu_indices=list(r.held.gpu_indices),
+                    container_id=r.held.container_id, host=r.held.host, state=r.state, exit_code=r.exit_code,
+                    signal=r.signal, pid=r.pid, preemptible=r.held.preemptible)
+            for r in sorted(self.runs.values(), key=lambda r: r.rank)]
+        self.dirty.add(self.attempt.number)
+
+    # ------------------------------------------------------------ why pending
+
+    def _waiting(self, now: float) -> None:
+        reason = self.waiting_reason(now)
+        if reason != self.attempt.waiting_reason:
+            self.attempt.waiting_reason = reason
+            self.dirty.add(self.attempt.number)
+
+    def waiting_reason(self, now: float) -> str:
+        gpus = self.spec.gpus
+        level = self.level
+        timeout = self.spec.locality.timeout_s
+        clock = f"level {level.label}, {format_duration(now - self.level_since)} of {format_duration(timeout)}"
+        if self.phase is Phase.BACKOFF:
+            nxt = LocalityLevel(min(level + 1, LocalityLevel.ANY))
+            return (f"backing off {format_duration(max(0.0, self.backoff_until - now))} after {level.label} "
+                    f"timed out; then trying {nxt.label}")
+        want = _describe_level(gpus, level, fewest_servers(gpus, self.view) if self.view else 1)
+        if self.phase is Phase.ACQUIRING and self.plan is not None:
+            missing = self._missing_parts()
+            waits = ", ".join(f"{p.node_id} ({p.gpus})" for p in missing[:4])
+            more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+            return (f"waiting for {want}; {clock}; holding {self.held_gpus} of {gpus}, "
+                    f"waiting on {waits}{more}")
+        return f"waiting for {want}; {clock}; {self._best_hint(level)}"
+
+    def _best_hint(self, level: LocalityLevel) -> str:
+        usable = [s for s in self.view if s.node_id not in self.avoid]
+        if not usable:
+            return "no server is up"
+        if level is LocalityLevel.NODE:
+            best = max(usable, key=lambda s: (len(s.free), s.node_id))
+            return f"the emptiest server, {best.node_id}, has {len(best.free)} free"
+        if level is LocalityLevel.ANY:
+            return f"{sum(len(s.free) for s in usable)} GPUs free in the whole cluster"
+        by_domain: dict[str, list[ServerView]] = {}
+        for s in usable:
+            if s.free:
+                by_domain.setdefault(s.domain, []).append(s)
+        if not by_domain:
+            return "no server has a free GPU"
+        domain, members = max(by_domain.items(), key=lambda kv: (sum(len(s.free) for s in kv[1]), kv[0]))
+        n = len(members)
+        return (f"{n} server{'s' if n != 1 else ''} in rack {domain} hold "
+                f"{sum(len(s.free) for s in members)} of them")
+
+
+def _describe_level(gpus: int, level: LocalityLevel, fewest: int) -> str:
+    if level is LocalityLevel.NODE:
+        return f"{gpus} GPUs on one server"
+    if level is LocalityLevel.PACKED:
+        return f"{gpus} GPUs packed on {fewest} server{'s' if fewest != 1 else ''} in one rack"
+    if level is LocalityLevel.RACK:
+        return f"{gpus} GPUs in one rack"
+    return f"{gpus} GPUs anywhere"

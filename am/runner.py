@@ -1,0 +1,265 @@
+"""The AM process: the asyncio shell around `Master`. It talks to the RM (register, allocate, finish) and to
+agents (start / stop learners), and feeds what it hears into the state machine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from gpurm.am.master import Action, AttemptRecord, Ended, Held, Launch, Master, Phase, Stop
+from gpurm.am.placement import ServerView
+from gpurm.am.view import ViewFollower
+from gpurm.proto import gpurm_pb2 as pb
+from gpurm.proto import gpurm_pb2_grpc as pbg
+from gpurm.rm import convert
+from gpurm.rm.jobspec import JobSpec, spec_from_proto
+from gpurm.rm.model import FailureKind, JobState
+
+log = logging.getLogger("gpurm.am")
+
+T = TypeVar("T")
+RM_RETRY_FOR_S = 600.0       # ride out an RM restart for this long
+AGENT_TIMEOUT_S = 15.0
+TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+             grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+
+class AMExit(Exception):
+    """The AM must stop: its job ended elsewhere, or the RM no longer knows this AM attempt."""
+
+
+def servers_from_view(view: pb.ClusterView) -> list[ServerView]:
+    return [ServerView(node_id=n.node_id, rack=n.rack, total=n.gpus_healthy, free=tuple(n.free_gpus),
+                       islands=tuple(tuple(i.gpus) for i in n.islands), ib_domain=n.ib_domain)
+            for n in view.nodes if n.state == pb.NODE_RUNNING]
+
+
+def held_from_grant(g: pb.ContainerGrant) -> Held:
+    return Held(container_id=g.container_id, node_id=g.node_id, rack=g.rack, host=g.host, port=g.agent_port,
+                gpu_indices=tuple(g.gpu_indices), token=g.token, preemptible=g.preemptible)
+
+
+def ended_from_status(s: pb.ContainerStatus) -> Ended:
+    return Ended(container_id=s.container_id, exit_code=s.exit_code, signal=s.signal, stopped=s.stopped,
+                 failed_to_start=s.state == pb.CONTAINER_FAILED_TO_START, lost=s.state == pb.CONTAINER_LOST,
+                 infra=s.infra_failure, diagnostics=s.diagnostics)
+
+
+def attempt_from_pb(a: pb.Attempt) -> AttemptRecord:
+    return AttemptRecord(
+        number=a.attempt, state=convert.JOB_STATE_FROM_PB.get(a.state, JobState.ALLOCATING),
+        start_time=a.start_ms / 1000, end_time=a.end_ms / 1000,
+        learners=[convert.learner_from_pb(x) for x in a.learners],
+        failure=convert.FAILURE_FROM_PB.get(a.failure, FailureKind.NONE), cause=a.cause,
+        exit_code=a.exit_code, counts_as_failure=a.counts_as_failure, level=a.level)
+
+
+def report_pb(a: AttemptRecord) -> pb.AttemptReport:
+    return pb.AttemptReport(
+        attempt=a.number, state=convert.JOB_STATE_TO_PB[a.state],
+        learners=[convert.learner_to_pb(x) for x in a.learners], waiting_reason=a.waiting_reason, level=a.level,
+        failure=convert.FAILURE_TO_PB[a.failure], cause=a.cause, exit_code=a.exit_code,
+        counts_as_failure=a.counts_as_failure, start_ms=convert.ms(a.start_time), end_ms=convert.ms(a.end_time))
+
+
+class AMRunner:
+    def __init__(self, rm_address: str, job_id: str, am_attempt: int, am_token: str) -> None:
+        self.rm_address = rm_address
+        self.job_id = job_id
+        self.am_attempt = am_attempt
+        self.metadata = (("x-gpurm-am-token", am_token),)
+        self._agents: dict[str, grpc.aio.Channel] = {}
+        self.channel: grpc.aio.Channel
+        self.am: Any
+        self.client: Any
+        self._wake: asyncio.Event
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.master: Master | None = None
+        self.spec: JobSpec | None = None
+        self.view: ViewFollower | None = None
+        self.interval = 0.5
+        self.rng = random.Random()
+
+    # ------------------------------------------------------------ RM calls that ride out an RM restart
+
+    async def _rm_call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        deadline = time.monotonic() + RM_RETRY_FOR_S
+        delay = 0.2
+        while True:
+            try:
+                return await call()
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND,
+                                  grpc.StatusCode.PERMISSION_DENIED):
+                    raise AMExit(f"{what}: {exc.details()}") from None
+                if exc.code() not in TRANSIENT or time.monotonic() > deadline:
+                    raise
+                log.warning("%s: RM unavailable (%s); retrying", what, exc.code().name)
+                await asyncio.sleep(delay * (0.5 + self.rng.random()))
+                delay = min(delay * 2, 5.0)
+
+    def _agent(self, host: str, port: int) -> pbg.ContainerManagerStub:
+        address = f"{host}:{port}"
+        ch = self._agents.get(address)
+        if ch is None:
+            ch = grpc.aio.insecure_channel(address)
+            self._agents[address] = ch
+        return pbg.ContainerManagerStub(ch)
+
+    # ------------------------------------------------------------ main loop
+
+    async def run(self) -> int:
+        # grpc.aio channels belong to the loop they are made in: make them here, not in __init__.
+        self.channel = grpc.aio.insecure_channel(self.rm_address)
+        self.am = pbg.ApplicationMasterStub(self.channel)
+        self.client = pbg.ClientStub(self.channel)
+        self._wake = asyncio.Event()
+        reg = await self._rm_call("register", lambda: self.am.RegisterApplicationMaster(
+            pb.RegisterAMRequest(job_id=self.job_id, am_attempt=self.am_attempt, host=socket.gethostname()),
+            metadata=self.metadata, timeout=10))
+        self.spec = spec_from_proto(reg.job.spec)
+        self.interval = max(reg.allocate_interval_ms / 1000, 0.05) if reg.allocate_interval_ms else 0.5
+        now = time.time()
+        master = Master(self.spec, now, rng=self.rng)
+        self.master = master
+        self.view = ViewFollower(reg.mqtt_url, self.client, reg.view)
+        await self.view.start()
+        master.on_view(servers_from_view(self.view.current), now)
+        if reg.job.attempts:
+            master.adopt([attempt_from_pb(a) for a in reg.job.attempts],
+                         [held_from_grant(g) for g in reg.held],
+                         [ended_from_status(s) for s in reg.held_status if s.state not in
+                          (pb.CONTAINER_RUNNING, pb.CONTAINER_STARTING)], now)
+            log.info("AM attempt %d adopted %s (%d learners running)", self.am_attempt, self.job_id,
+                     len(master.runs))
+        log.info("AM for %s: %d GPUs, start level %s, timeout %.0fs", self.job_id, self.spec.gpus,
+                 self.spec.locality.start_level.label, self.spec.locality.timeout_s)
+        response_id = 0
+        try:
+            while master.final is None:
+                now = time.time()
+                if self.view.changed:
+                    master.on_view(servers_from_view(self.view.take()), now)
+                master.step(now)
+                self._execute(master.take_actions())
+                if master.final is not None:
+                    break
+                request = pb.AllocateRequest(
+                    job_id=self.job_id, am_attempt=self.am_attempt, response_id=response_id,
+                    asks=[pb.ResourceAsk(node_id=n, gpus=g, count=1, gpu_indices=idx)
+                          for n, g, idx in master.asks()],
+                    releases=master.take_releases(), attempts=[report_pb(a) for a in master.take_reports()])
+                resp = await self._rm_call("allocate", lambda req=request: self.am.Allocate(  # type: ignore[misc]
+                    req, metadata=self.metadata, timeout=10))
+                response_id = resp.response_id
+                now = time.time()
+                for g in resp.grants:
+                    master.on_grant(held_from_grant(g), now)
+                for s in resp.completed:
+                    master.on_ended(ended_from_status(s), now)
+                if resp.preemption.container_ids:
+                    grace = max(0.0, resp.preemption.deadline_ms / 1000 - now)
+                    master.on_preempted(resp.preemption.container_ids, grace, now)
+                if resp.kill_requested:
+                    master.on_kill("killed", now)
+                self._execute(master.take_actions())
+                if master.final is None:
+                    self._wake.clear()
+                    fast = master.phase in (Phase.ACQUIRING, Phase.LAUNCHING, Phase.STOPPING)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), self.interval if fast else self.interval * 4)
+            await self._finish(master)
+        except AMExit as exc:
+            log.warning("AM stops: %s", exc)
+            return 0
+        finally:
+            await self._close()
+        return 0
+
+    async def _finish(self, master: Master) -> None:
+        assert master.final is not None
+        final = master.final
+        log.info("job %s ends %s: %s", self.job_id, final.state.name, final.diagnostics)
+        # Stops must reach the agents before the AM goes; the RM would stop them anyway.
+        self._execute(master.take_actions())
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=AGENT_TIMEOUT_S)
+        request = pb.FinishAMRequest(job_id=self.job_id, am_attempt=self.am_attempt,
+                                     final_state=convert.JOB_STATE_TO_PB[final.state],
+                                     diagnostics=final.diagnostics, exit_code=final.exit_code,
+                                     attempts=[report_pb(a) for a in master.take_reports()])
+        # Finishing makes the RM stop and reclaim anything this job still holds.
+        await self._rm_call("finish", lambda: self.am.FinishApplicationMaster(
+            request, metadata=self.metadata, timeout=10))
+
+    async def _close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        if self.view is not None:
+            await self.view.stop()
+        for ch in self._agents.values():
+            await ch.close()
+        await self.channel.close()
+
+    # ------------------------------------------------------------ actions on agents
+
+    def _execute(self, actions: list[Action]) -> None:
+        for action in actions:
+            coro = self._launch(action) if isinstance(action, Launch) else self._stop(action)
+            task = asyncio.create_task(coro)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _launch(self, launch: Launch) -> None:
+        assert self.spec is not None and self.master is not None
+        master_held = next(h for h, rank, _ in launch.learners if rank == 0)
+        port = 29500
+        try:
+            reply = await self._agent(master_held.host, master_held.port).ReservePort(
+                pb.ReservePortRequest(job_id=self.job_id), timeout=AGENT_TIMEOUT_S)
+            port = reply.port
+        except grpc.aio.AioRpcError as exc:
+            log.warning("could not reserve a port on %s (%s); using %d", master_held.node_id, exc.details(), port)
+        log.info("attempt %d: launching %d learners, master %s:%d", launch.attempt, len(launch.learners),
+                 master_held.host, port)
+        await asyncio.gather(*(self._start_one(h, rank, env, port) for h, rank, env in launch.learners))
+        self._wake.set()
+
+    async def _start_one(self, held: Held, rank: int, env: dict[str, str], port: int) -> None:
+        assert self.spec is not None and self.master is not None
+        full_env = {**self.spec.env, **env, "MASTER_PORT": str(port), "GPURM_JOB_ID": self.job_id}
+        request = pb.StartContainerRequest(token=held.token, launch=pb.LaunchContext(
+            argv=self.spec.command, env=full_env, workdir=self.spec.workdir))
+        try:
+            reply = await self._agent(held.host, held.port).StartContainer(request, timeout=AGENT_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            self.master.on_started(held.container_id, False, 0,
+                                   f"agent {held.node_id} unreachable or refused: {exc.details()}", True, time.time())
+            return
+        status = reply.status
+        if status.state == pb.CONTAINER_FAILED_TO_START:
+            self.master.on_started(held.container_id, False, 0, status.diagnostics, status.infra_failure,
+                                   time.time())
+        elif status.state in (pb.CONTAINER_RUNNING, pb.CONTAINER_STARTING, pb.CONTAINER_EXITED):
+            # An already exited learner still started; its end arrives through the RM.
+            self.master.on_started(held.container_id, True, status.pid, "", False, time.time())
+        log.info("rank %d started on %s GPUs %s (pid %d)", rank, held.node_id, list(held.gpu_indices), status.pid)
+
+    async def _stop(self, stop: Stop) -> None:
+        h = stop.held
+        if not h.port:
+            return          # adopted without an address: the RM stops it
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self._agent(h.host, h.port).StopContainer(
+                pb.StopContainerRequest(container_id=h.container_id, token=h.token,
+                                        grace_ms=round(stop.grace_s * 1000), reason=stop.reason[:200]),
+                timeout=stop.grace_s + AGENT_TIMEOUT_S)
+        self._wake.set()
