@@ -1,0 +1,97 @@
+"""Cluster commands: nodes, queues and the admin group."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from gpurm.cli.client import RM, CliError, rm_address
+from gpurm.cli.output import ago, message_dict, print_json, table
+from gpurm.proto import gpurm_pb2 as pb
+
+NODE_STATES = {v: k.removeprefix("NODE_") for k, v in pb.NodeState.items()}
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    rm = RM(rm_address(args.rm))
+    reply = rm.call(rm.client.ListNodes, pb.ListNodesRequest())
+    if args.output == "json":
+        print_json([message_dict(n) for n in reply.nodes])
+        return 0
+    if not reply.nodes:
+        print("no nodes have registered: start agents (`gpurm agent --config configs/agent.yaml`)")
+        return 0
+    now = time.time()
+    rows = []
+    for n in reply.nodes:
+        models = sorted({g.model for g in n.gpus}) or ["-"]
+        unhealthy = [g.index for g in n.gpus if not g.healthy]
+        note = n.health_report or (f"unhealthy GPUs {unhealthy}" if unhealthy else "")
+        rows.append([n.node_id, n.rack, NODE_STATES.get(n.state, "?"), f"{n.gpus_free}/{n.gpus_total}",
+                     ",".join(models), n.containers, f"{n.host}:{n.agent_port}", ago(n.last_heartbeat_ms, now),
+                     note])
+    table(["NODE", "RACK", "STATE", "FREE/GPUS", "MODEL", "CONTAINERS", "AGENT", "BEAT", "NOTE"], rows, max_last=60)
+    free = sum(n.gpus_free for n in reply.nodes)
+    total = sum(n.gpus_total for n in reply.nodes)
+    print(f"{len(reply.nodes)} nodes, {free} of {total} GPUs free")
+    return 0
+
+
+def cmd_queues(args: argparse.Namespace) -> int:
+    rm = RM(rm_address(args.rm))
+    reply = rm.call(rm.client.ListQueues, pb.ListQueuesRequest())
+    if args.output == "json":
+        print_json({"capacity": reply.capacity, "queues": [message_dict(q) for q in reply.queues]})
+        return 0
+    print_queue_table(reply.queues)
+    print(f"capacity {reply.capacity} GPUs")
+    return 0
+
+
+def print_queue_table(queues: Iterable[pb.QueueInfo]) -> None:
+    rows = []
+    for q in queues:
+        depth = q.path.count(".")
+        name = "  " * depth + q.path.rsplit(".", 1)[-1]
+        rows.append([name, f"{q.weight:g}", q.min_gpus, "-" if q.max_gpus < 0 else q.max_gpus, q.steady_share,
+                     q.instantaneous_share, q.used_gpus, q.pending_gpus, q.running_jobs, q.queued_jobs,
+                     q.policy if q.leaf else "", "" if q.preemptible else "no"])
+    table(["QUEUE", "WEIGHT", "MIN", "MAX", "STEADY", "INSTANT", "USED", "PENDING", "RUN", "QUEUED", "POLICY",
+           "PREEMPT"], rows)
+
+
+def cmd_refresh_queues(args: argparse.Namespace) -> int:
+    text = ""
+    if args.file:
+        try:
+            text = Path(args.file).read_text()
+        except OSError as exc:
+            raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
+        if not text.strip():
+            raise CliError(f"{args.file} is empty; a queue config needs at least one queue")
+    rm = RM(rm_address(args.rm))
+    reply = rm.call(rm.admin.RefreshQueues, pb.RefreshQueuesRequest(yaml=text))
+    if args.output == "json":
+        print_json(reply)
+        return 0 if reply.applied else 2
+    if not reply.applied:
+        raise CliError("queue config rejected, the old one stays in force:\n  " + "\n  ".join(reply.errors))
+    print("queue config applied")
+    print_queue_table(reply.queues)
+    return 0
+
+
+def cmd_check_queues(args: argparse.Namespace) -> int:
+    raise CliError("check-queues arrives with hierarchical queues")
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    rm = RM(rm_address(args.rm))
+    reply = rm.call(rm.admin.DrainNode, pb.DrainNodeRequest(node_id=args.node, undrain=args.undo))
+    if args.output == "json":
+        print_json(reply.node)
+    else:
+        print(f"{reply.node.node_id}: {NODE_STATES.get(reply.node.state, '?')}")
+    return 0

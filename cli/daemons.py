@@ -1,0 +1,66 @@
+"""`gpurm rm` and `gpurm agent`: run the daemons in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpurm.cli.client import CliError
+from gpurm.queues.fields import ConfigError
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _config_path(value: str | None) -> Path | None:
+    if value is None:
+        return None
+    path = Path(value)
+    if not path.is_file():
+        raise CliError(f"--config: {value} does not exist or is not a file")
+    return path
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from gpurm.rm.config import load_rm_config
+    from gpurm.rm.daemon import run_rm
+
+    overrides: dict[str, Any] = {}
+    if args.listen:
+        overrides["listen"] = args.listen
+    if args.state_dir:
+        overrides["state_dir"] = args.state_dir
+    try:
+        config = load_rm_config(_config_path(args.config), overrides)
+    except ConfigError as exc:
+        raise CliError("rm config: " + "; ".join(exc.problems)) from None
+    if args.mqtt_url:
+        config.mqtt_url = args.mqtt_url
+    _logging(args.log_level)
+    return run_rm(config)
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from gpurm.nodeagent.config import load_agent_config
+    from gpurm.nodeagent.daemon import main as agent_main
+
+    overrides: dict[str, object] = {}
+    for flag, key in (("node_id", "node_id"), ("rm", "rm"), ("listen", "listen"), ("rack", "rack"),
+                      ("state_dir", "state_dir")):
+        value = getattr(args, flag)
+        if value:
+            overrides[key] = value
+    try:
+        config = load_agent_config(_config_path(args.config), overrides)
+    except ConfigError as exc:
+        raise CliError("agent config: " + "; ".join(exc.problems)) from None
+    _logging(args.log_level)
+    return int(agent_main(config))
+
+
+__all__ = ["cmd_agent", "cmd_rm", "sys"]

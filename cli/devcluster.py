@@ -1,0 +1,313 @@
+"""`gpurm dev-cluster`: an RM and N agents with fake GPUs on loopback, as real separate processes.
+
+Layout of the state dir:
+    cluster.json            pids, addresses; "ready": true once every agent has registered
+    rm/rm.yaml rm/rm.log    the RM's config, log, store and key
+    agents/node-K/          each agent's config, log and container state (learner logs under containers/)
+Ctrl-C or SIGTERM stops the agents (which stop their containers), then the RM; anything left is killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+
+from gpurm.cli.client import CliError, current_user
+from gpurm.proto import gpurm_pb2 as pb
+from gpurm.proto import gpurm_pb2_grpc as pbg
+from gpurm.queues.fields import parse_duration
+
+READY_TIMEOUT_S = 60.0
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the dev cluster itself dies, so nothing is orphaned."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Daemon:
+    name: str
+    argv: list[str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True,
+                                         preexec_fn=_die_with_parent)  # noqa: PLW1509 (single-threaded)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        data = data.setdefault(k, {})
+    data[keys[-1]] = value
+
+
+class DevCluster:
+    def __init__(self, args: argparse.Namespace, state_dir: Path) -> None:
+        self.args = args
+        self.state_dir = state_dir
+        self.address = f"127.0.0.1:{args.port}"
+        self.rm: Daemon | None = None
+        self.agents: list[Daemon] = []
+
+    def _python(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "gpurm.cli.main", *args]
+
+    def write_configs(self) -> tuple[Path, list[Path]]:
+        a = self.args
+        rm_dir = self.state_dir / "rm"
+        rm_dir.mkdir(parents=True, exist_ok=True)
+        rm_cfg: dict[str, Any] = {
+            "listen": self.address, "state_dir": str(rm_dir),
+            "mqtt": {"url": a.mqtt_url} if a.mqtt_url else {"listen": "127.0.0.1:0"},
+            "heartbeat": {"interval": a.heartbeat, "missed_beats": a.missed_beats},
+            "admins": sorted({current_user(), "root"}),
+        }
+        if a.queues:
+            rm_cfg["queues"] = str(Path(a.queues).resolve())
+        for item in a.rm_option:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise CliError(f"--rm-option: expected KEY=VALUE, got {item!r}")
+            _set_dotted(rm_cfg, key, yaml.safe_load(value))
+        rm_path = rm_dir / "rm.yaml"
+        rm_path.write_text(yaml.safe_dump(rm_cfg, sort_keys=False))
+        agent_paths = []
+        for i in range(1, a.nodes + 1):
+            node = f"node-{i}"
+            rack = f"rack-{(i - 1) * a.racks // a.nodes + 1}"
+            adir = self.state_dir / "agents" / node
+            adir.mkdir(parents=True, exist_ok=True)
+            cfg = {
+                "node_id": node, "host": "127.0.0.1", "listen": "127.0.0.1:0", "rm": self.address, "rack": rack,
+                "state_dir": str(adir),
+                "gpus": {"fake": a.gpus_per_node, "model": "H100-80GB", "memory_mib": 81559,
+                         "nvlink_islands": a.nvlink_islands},
+                "containers": {"stop_grace": "5s"},
+            }
+            path = adir / "agent.yaml"
+            path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+            agent_paths.append(path)
+        return rm_path, agent_paths
+
+    def start(self) -> None:
+        rm_path, agent_paths = self.write_configs()
+        self.rm = Daemon("rm", self._python("rm", "--config", str(rm_path)), self.state_dir / "rm" / "rm.log")
+        self.rm.start()
+        self._write_state(ready=False)
+        self._wait_rm()
+        for path in agent_paths:
+            node = path.parent.name
+            d = Daemon(node, self._python("agent", "--config", str(path)), path.parent / "agent.log",
+                       extra={"config": str(path), "state_dir": str(path.parent)})
+            d.start()
+            self.agents.append(d)
+        self._write_state(ready=False)
+        self._wait_agents()
+        self._write_state(ready=True)
+
+    def _wait_rm(self) -> None:
+        assert self.rm is not None
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        channel = grpc.insecure_channel(self.address)
+        stub = pbg.ClientStub(channel)
+        try:
+            while time.monotonic() < deadline:
+                if not self.rm.alive:
+                    tail = _tail(self.rm.log)
+                    code = self.rm.proc.returncode if self.rm.proc else "?"
+                    raise CliError(f"the RM exited during start-up (code {code}); its log {self.rm.log} ends:\n"
+                                   f"{tail}", code=1)
+                try:
+                    stub.GetClusterInfo(pb.ClusterInfoRequest(), timeout=1)
+                    return
+                except grpc.RpcError:
+                    time.sleep(0.1)
+            raise CliError(f"the RM did not come up within {READY_TIMEOUT_S:.0f}s; see {self.rm.log}", code=1)
+        finally:
+            channel.close()
+
+    def _wait_agents(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        channel = grpc.insecure_channel(self.address)
+        stub = pbg.ClientStub(channel)
+        want = len(self.agents)
+        try:
+            while time.monotonic() < deadline:
+                dead = [d for d in self.agents if not d.alive]
+                if dead:
+                    raise CliError(f"agent {dead[0].name} exited during start-up; its log {dead[0].log} ends:\n"
+                                   f"{_tail(dead[0].log)}", code=1)
+                nodes = stub.ListNodes(pb.ListNodesRequest(), timeout=2).nodes
+                up = sum(1 for n in nodes if n.state == pb.NODE_RUNNING and n.node_id in
+                         {d.name for d in self.agents})
+                sys.stderr.write(f"\rwaiting for agents: {up}/{want} registered")
+                sys.stderr.flush()
+                if up == want:
+                    sys.stderr.write("\n")
+                    return
+                time.sleep(0.2)
+            raise CliError(f"only some agents registered within {READY_TIMEOUT_S:.0f}s; see agents/*/agent.log "
+                           f"under {self.state_dir}", code=1)
+        finally:
+            channel.close()
+
+    def _write_state(self, ready: bool) -> None:
+        state = {
+            "pid": os.getpid(), "ready": ready, "rm_address": self.address, "state_dir": str(self.state_dir),
+            "rm": {"pid": self.rm.proc.pid if self.rm and self.rm.proc else 0,
+                   "config": str(self.state_dir / "rm" / "rm.yaml"), "log": str(self.rm.log) if self.rm else ""},
+            "agents": [{"node_id": d.name, "pid": d.proc.pid if d.proc else 0, **d.extra, "log": str(d.log)}
+                       for d in self.agents],
+        }
+        path = self.state_dir / "cluster.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        os.replace(tmp, path)
+
+    def check_children(self, reported: set[str]) -> None:
+        for d in [*self.agents, *([self.rm] if self.rm else [])]:
+            if not d.alive and d.name not in reported and d.proc is not None:
+                reported.add(d.name)
+                sys.stderr.write(f"dev-cluster: {d.name} exited with code {d.proc.returncode} (see {d.log})\n")
+
+    def stop(self) -> None:
+        sys.stderr.write("dev-cluster: stopping agents and their containers ...\n")
+        _terminate([d for d in self.agents if d.alive], timeout=20)
+        if self.rm is not None:
+            _terminate([self.rm] if self.rm.alive else [], timeout=10)
+        killed = sweep_orphans(self.state_dir)
+        if killed:
+            sys.stderr.write(f"dev-cluster: killed {killed} leftover container process group(s)\n")
+        sys.stderr.write("dev-cluster: stopped\n")
+
+
+def _terminate(daemons: list[Daemon], timeout: float) -> None:
+    for d in daemons:
+        with contextlib.suppress(ProcessLookupError):
+            assert d.proc is not None
+            d.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for d in daemons:
+        assert d.proc is not None
+        try:
+            d.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(d.proc.pid, signal.SIGKILL)
+            d.proc.wait(5)
+
+
+def sweep_orphans(state_dir: Path) -> int:
+    """Kill what is left of containers an agent recorded as live (an agent that was SIGKILLed leaves them
+    behind). A process group is killed only if one of its members still carries that container's id in its
+    environment, so a recycled process group id is never hit."""
+    killed = 0
+    for record in state_dir.glob("agents/*/containers/*/record.json"):
+        try:
+            data = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if data.get("state") not in ("CONTAINER_RUNNING", "CONTAINER_STARTING"):
+            continue
+        pgid = int(data.get("pgid") or 0)
+        if pgid > 1 and _group_runs_container(pgid, str(data.get("container_id", ""))):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+                killed += 1
+    return killed
+
+
+def _group_runs_container(pgid: int, container_id: str) -> bool:
+    needle = f"GPURM_CONTAINER_ID={container_id}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and needle in (proc / "environ").read_bytes().split(b"\0"):
+                return True
+        except (OSError, IndexError, ValueError):
+            continue
+    return False
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def cmd_dev_cluster(args: argparse.Namespace) -> int:
+    if args.nodes < 1 or args.gpus_per_node < 1:
+        raise CliError("--nodes and --gpus-per-node must be at least 1")
+    if not 1 <= args.racks <= args.nodes:
+        raise CliError(f"--racks: must be between 1 and --nodes ({args.nodes}), got {args.racks}")
+    if not 0 < args.port < 65536:
+        raise CliError(f"--port: {args.port} is not a port")
+    if args.nvlink_islands < 1 or args.gpus_per_node % args.nvlink_islands:
+        raise CliError("--nvlink-islands: must divide --gpus-per-node")
+    try:
+        parse_duration(args.heartbeat)
+    except ValueError as exc:
+        raise CliError(f"--heartbeat: {exc}") from None
+    if args.queues and not Path(args.queues).is_file():
+        raise CliError(f"--queues: {args.queues} does not exist")
+    state_dir = Path(args.state_dir).resolve() if args.state_dir else Path(tempfile.mkdtemp(prefix="gpurm-dev-"))
+    state_dir.mkdir(parents=True, exist_ok=True)
+    cluster = DevCluster(args, state_dir)
+    stop = {"signal": 0}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop["signal"] = signum
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        cluster.start()
+        total = args.nodes * args.gpus_per_node
+        sys.stderr.write(
+            f"dev cluster up: {args.nodes} nodes x {args.gpus_per_node} GPUs ({total}) in {args.racks} racks\n"
+            f"  RM:    {cluster.address}   (export GPURM_RM={cluster.address})\n"
+            f"  state: {state_dir}  (logs: rm/rm.log, agents/*/agent.log)\n"
+            f"  try:   gpurm submit --gpus 8 -- nvidia-smi-or-your-command; gpurm jobs; gpurm nodes\n"
+            f"Ctrl-C stops the cluster.\n")
+        sys.stderr.flush()
+        reported: set[str] = set()
+        while not stop["signal"]:
+            cluster.check_children(reported)
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        cluster.stop()
+    return 0

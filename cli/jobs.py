@@ -1,0 +1,464 @@
+"""Job commands: submit, jobs, status, kill, logs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import os
+import shlex
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from gpurm.cli.client import RM, CliError, rm_address
+from gpurm.cli.output import Progress, ago, clock, message_dict, print_json, ranges, span, table
+from gpurm.proto import gpurm_pb2 as pb
+from gpurm.proto import gpurm_pb2_grpc as pbg
+from gpurm.queues.fields import ConfigError, format_duration, parse_duration
+from gpurm.rm import mqtt
+from gpurm.rm.jobspec import JobSpec, LocalityLevel, parse_job_yaml, spec_to_proto, validate_spec
+
+STATE_NAMES = {v: k.removeprefix("JOB_") for k, v in pb.JobState.items()}
+TERMINAL = (pb.JOB_SUCCEEDED, pb.JOB_FAILED, pb.JOB_KILLED)
+CONTAINER_NAMES = {v: k.removeprefix("CONTAINER_") for k, v in pb.ContainerState.items()}
+FAILURE_NAMES = {v: k.removeprefix("FAILURE_").lower() for k, v in pb.FailureKind.items()}
+
+
+def state_name(state: int) -> str:
+    return STATE_NAMES.get(state, "UNKNOWN")
+
+
+# ---------------------------------------------------------------- submit
+
+
+def _spec_from_args(args: argparse.Namespace) -> JobSpec:
+    if args.file and args.command_argv:
+        raise CliError("give a job file or a command after --, not both")
+    if args.file:
+        path = Path(args.file)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise CliError(f"cannot read job file {args.file}: {exc.strerror}") from None
+        try:
+            spec = parse_job_yaml(text, source=args.file, base_dir=str(path.resolve().parent))
+        except ConfigError as exc:
+            raise CliError("; ".join(exc.problems)) from None
+        if not spec.name:
+            spec.name = path.stem
+    elif args.command_argv:
+        if args.gpus is None:
+            raise CliError("--gpus: required with a command after --, e.g. gpurm submit --gpus 1 -- python x.py")
+        spec = JobSpec(gpus=args.gpus, command=list(args.command_argv))
+        spec.name = os.path.basename(args.command_argv[0])
+    else:
+        raise CliError("nothing to submit: give a job file (gpurm submit job.yaml) or a command "
+                       "(gpurm submit --gpus 1 -- python train.py)")
+    if args.gpus is not None:
+        spec.gpus = args.gpus
+    if args.queue:
+        spec.queue = args.queue
+    if args.name:
+        spec.name = args.name
+    if args.max_retries is not None:
+        spec.max_retries = args.max_retries
+    if args.workdir:
+        spec.workdir = args.workdir
+    spec.workdir = os.path.abspath(spec.workdir or os.getcwd())
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise CliError(f"--env: expected NAME=VALUE, got {item!r}")
+        spec.env[name] = value
+    for flag, attr in (("locality_timeout", "timeout_s"), ("backoff_base", "backoff_base_s"),
+                       ("backoff_max", "backoff_max_s")):
+        value = getattr(args, flag)
+        if value is not None:
+            try:
+                setattr(spec.locality, attr, parse_duration(value))
+            except ValueError as exc:
+                raise CliError(f"--{flag.replace('_', '-')}: {exc}") from None
+    if args.start_level:
+        spec.locality.start_level = LocalityLevel.parse(args.start_level)
+    problems = validate_spec(spec)
+    if problems:
+        raise CliError("; ".join(problems))
+    return spec
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    spec = _spec_from_args(args)
+    rm = RM(rm_address(args.rm))
+    request = pb.SubmitJobRequest(spec=spec_to_proto(spec), submit_id=uuid.uuid4().hex)
+    reply = _with_retry(rm, rm.client.SubmitJob, request)
+    if args.output == "json":
+        print_json({"job_id": reply.job_id, "queue": reply.queue})
+    else:
+        print(reply.job_id, flush=True)
+    if args.wait:
+        return wait_for_job(rm, reply.job_id, quiet_json=args.output == "json")
+    return 0
+
+
+def _with_retry(rm: RM, method: object, request: object, tries: int = 4) -> pb.SubmitJobResponse:
+    """Submits carry a submit_id, so a retry after a timeout returns the same job instead of a second one."""
+    delay = 0.5
+    for attempt in range(tries):
+        try:
+            return method(request, metadata=rm.metadata, timeout=rm.timeout)  # type: ignore[operator,no-any-return]
+        except grpc.RpcError as exc:
+            transient = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            if not transient or attempt == tries - 1:
+                raise rm.translate(exc) from None
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
+def wait_for_job(rm: RM, job_id: str, quiet_json: bool = False) -> int:
+    progress = Progress()
+    while True:
+        job = rm.call(rm.client.GetJob, pb.GetJobRequest(job_id=job_id))
+        attempt = job.attempts[-1].attempt if job.attempts else 0
+        if job.state in TERMINAL:
+            progress.done()
+            took = span(job.start_ms or job.submit_ms, job.finish_ms)
+            text = f"{job_id} {state_name(job.state)} after {took}"
+            if job.state != pb.JOB_SUCCEEDED and job.diagnostics:
+                text += f": {job.diagnostics}"
+            sys.stderr.write(text + "\n")
+            return 0 if job.state == pb.JOB_SUCCEEDED else 1
+        detail = job.waiting_reason or ""
+        progress.update(f"{job_id} {state_name(job.state)} (attempt {attempt or '-'}, "
+                        f"{span(job.submit_ms, 0)} since submit) {detail}")
+        time.sleep(0.5)
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    """Wait for jobs to end; exit 0 only if every one succeeded."""
+    rm = RM(rm_address(args.rm))
+    pending = list(dict.fromkeys(args.jobs))
+    done: dict[str, pb.Job] = {}
+    progress = Progress()
+    deadline = time.monotonic() + args.timeout if args.timeout else None
+    while pending:
+        states = []
+        for job_id in list(pending):
+            job = rm.call(rm.client.GetJob, pb.GetJobRequest(job_id=job_id))
+            if job.state in TERMINAL:
+                done[job_id] = job
+                pending.remove(job_id)
+            else:
+                states.append(f"{job_id} {state_name(job.state)}")
+        if not pending:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            progress.done()
+            raise CliError(f"--timeout: still waiting after {args.timeout:g}s for {', '.join(pending)}", code=1)
+        progress.update(f"waiting for {len(pending)} of {len(args.jobs)} jobs: " + ", ".join(states[:6]))
+        time.sleep(0.5)
+    progress.done()
+    jobs = [done[j] for j in dict.fromkeys(args.jobs)]
+    if args.output == "json":
+        print_json([{"job_id": j.job_id, "state": state_name(j.state), "exit_code": j.exit_code,
+                     "diagnostics": j.diagnostics} for j in jobs])
+    else:
+        for j in jobs:
+            print(f"{j.job_id} {state_name(j.state)}" + (f": {j.diagnostics}" if j.state != pb.JOB_SUCCEEDED else ""))
+    return 0 if all(j.state == pb.JOB_SUCCEEDED for j in jobs) else 1
+
+
+# ---------------------------------------------------------------- jobs
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    rm = RM(rm_address(args.rm))
+    states = [pb.JobState.Name(pb.JobState.Value(f"JOB_{s}")) for s in args.state]
+    reply = rm.call(rm.client.ListJobs, pb.ListJobsRequest(states=states, queue=args.queue or "",
+                                                           user=args.user or "", limit=args.limit))
+    if args.output == "json":
+        print_json([message_dict(j) for j in reply.jobs])
+        return 0
+    if not reply.jobs:
+        print("no jobs" + (" match" if (states or args.queue or args.user) else " yet: "
+                           "submit one with `gpurm submit --gpus 1 -- CMD`"))
+        return 0
+    now = time.time()
+    rows = []
+    for j in reply.jobs:
+        attempt = j.attempts[-1].attempt if j.attempts else 0
+        if j.state in TERMINAL:
+            elapsed = span(j.start_ms, j.finish_ms, now) if j.start_ms else "-"
+        elif j.state == pb.JOB_RUNNING:
+            elapsed = span(j.start_ms, 0, now)
+        else:
+            elapsed = "wait " + span(j.submit_ms, 0, now)
+        info = j.diagnostics if j.state in TERMINAL else j.waiting_reason
+        if j.state == pb.JOB_FAILED and j.exit_code:
+            info = f"exit {j.exit_code}: {info}"
+        gpus = str(j.spec.gpus) + ("*" if j.preemptible else "")
+        rows.append([j.job_id, j.spec.name or "-", j.user, j.queue.removeprefix("root."), state_name(j.state),
+                     gpus, attempt or "-", elapsed, info])
+    table(["JOB", "NAME", "USER", "QUEUE", "STATE", "GPUS", "ATT", "TIME", "INFO"], rows, max_last=70)
+    if any(j.preemptible for j in reply.jobs):
+        print("* runs on borrowed GPUs beyond its queue's share: preemptible")
+    return 0
+
+
+# ---------------------------------------------------------------- status
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    rm = RM(rm_address(args.rm))
+    job = rm.call(rm.client.GetJob, pb.GetJobRequest(job_id=args.job))
+    if args.output == "json":
+        print_json(job)
+        return 0
+    print(render_status(job))
+    return 0
+
+
+def render_status(job: pb.Job, now: float | None = None) -> str:
+    now = now or time.time()
+    lines: list[str] = []
+    spec = job.spec
+    cmd = spec.command[2] if list(spec.command[:2]) == ["/bin/sh", "-c"] and len(spec.command) > 2 \
+        else shlex.join(spec.command)
+
+    def field(name: str, value: object) -> None:
+        lines.append(f"{name + ':':<13}{value}")
+
+    field("job", f"{job.job_id}  {spec.name}")
+    field("user", job.user)
+    field("queue", job.queue)
+    state = state_name(job.state)
+    if job.state in TERMINAL:
+        state += f" after {span(job.start_ms or job.submit_ms, job.finish_ms, now)}"
+        if job.state == pb.JOB_FAILED and job.exit_code:
+            state += f" (exit code {job.exit_code})"
+    field("state", state)
+    held = f", holding {job.gpus_held}" if job.gpus_held else ""
+    field("gpus", f"{spec.gpus}{held}" + ("  PREEMPTIBLE (runs beyond its queue's share)" if job.preemptible else ""))
+    field("command", cmd)
+    field("workdir", spec.workdir or "-")
+    field("submitted", f"{clock(job.submit_ms)} ({ago(job.submit_ms, now)} ago)")
+    if job.start_ms:
+        field("started", clock(job.start_ms))
+    if job.finish_ms:
+        field("finished", clock(job.finish_ms))
+    retries = spec.max_retries if spec.HasField("max_retries") else 3
+    field("attempts", f"{len(job.attempts)} ({job.failures} failed of max_retries {retries}; "
+                      f"{job.preemptions} preempted)")
+    if job.am_attempt:
+        field("AM", f"attempt {job.am_attempt} on {job.am_node or '-'}")
+    if job.waiting_reason and job.state not in TERMINAL:
+        field("waiting", job.waiting_reason)
+    if job.diagnostics:
+        field("diagnostics", job.diagnostics)
+    for a in reversed(job.attempts):
+        outcome = state_name(a.state)
+        if a.failure not in (pb.FAILURE_NONE, pb.FAILURE_KIND_UNSPECIFIED):
+            outcome += f" ({FAILURE_NAMES[a.failure]}" + (", not counted" if not a.counts_as_failure and
+                                                          a.failure == pb.FAILURE_PREEMPTED else "") + ")"
+        lines.append("")
+        lines.append(f"attempt {a.attempt}: {outcome}" + (f", level {a.level}" if a.level else "") +
+                     f", {clock(a.start_ms)}" + (f" for {span(a.start_ms, a.end_ms, now)}" if a.start_ms else ""))
+        if a.cause:
+            lines.append(f"  cause: {a.cause}")
+        if a.learners:
+            rows = []
+            for ln in a.learners:
+                exit_text = "-"
+                if ln.state in (pb.CONTAINER_EXITED, pb.CONTAINER_LOST, pb.CONTAINER_FAILED_TO_START):
+                    exit_text = f"signal {ln.signal}" if ln.signal else str(ln.exit_code)
+                rows.append([ln.rank, ln.node_id, ranges(list(ln.gpu_indices)),
+                             CONTAINER_NAMES.get(ln.state, "?"), ln.pid or "-", exit_text,
+                             "yes" if ln.preemptible else "no", ln.usage or "-"])
+            buf = io.StringIO()
+            table(["RANK", "NODE", "GPUS", "STATE", "PID", "EXIT", "PREEMPTIBLE", "GPU USE"], rows, out=buf)
+            lines.extend("  " + row for row in buf.getvalue().rstrip("\n").split("\n"))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- kill
+
+
+def cmd_kill(args: argparse.Namespace) -> int:
+    rm = RM(rm_address(args.rm))
+    reply = rm.call(rm.client.KillJob, pb.KillJobRequest(job_id=args.job, reason=args.reason))
+    job = reply.job
+    if job.state != pb.JOB_KILLED:
+        msg = f"{job.job_id} had already ended: {state_name(job.state)}"
+        if args.output == "json":
+            print_json({"job_id": job.job_id, "state": state_name(job.state), "killed": False})
+        else:
+            print(msg)
+        return 0
+    if not args.no_wait:
+        progress = Progress()
+        deadline = time.time() + 90
+        while job.live_containers and time.time() < deadline:
+            progress.update(f"{job.job_id}: waiting for {job.live_containers} container(s) to stop")
+            time.sleep(0.2)
+            job = rm.call(rm.client.GetJob, pb.GetJobRequest(job_id=args.job))
+        progress.done()
+        if job.live_containers:
+            raise CliError(f"{job.job_id} is KILLED but {job.live_containers} container(s) have not reported "
+                           "stopping yet; the RM keeps stopping them (see `gpurm status`)", code=1)
+    if args.output == "json":
+        print_json({"job_id": job.job_id, "state": "KILLED", "killed": True, "live_containers": job.live_containers})
+    else:
+        print(f"{job.job_id} killed" + ("" if args.no_wait else "; its processes are gone"))
+    return 0
+
+
+# ---------------------------------------------------------------- logs
+
+
+@dataclass
+class Target:
+    """One log being printed: a learner rank (or the AM) of one attempt."""
+
+    label: str
+    rank: int
+    attempt: int
+    am: bool
+    offset: int = 0
+    done: bool = False
+    container_id: str = ""
+    partial: bytes = b""
+
+
+def _targets(job: pb.Job, args: argparse.Namespace) -> list[Target]:
+    if args.am:
+        return [Target("am", 0, args.attempt or job.am_attempt, True)] if job.am_attempt else []
+    if not job.attempts:
+        return []
+    attempt = job.attempts[args.attempt - 1] if args.attempt else job.attempts[-1]
+    ranks = sorted(ln.rank for ln in attempt.learners if ln.container_id)
+    if args.rank is not None:
+        if ranks and args.rank not in ranks:
+            raise CliError(f"--rank: attempt {attempt.attempt} of {job.job_id} has ranks {ranks[0]}-{ranks[-1]}, "
+                           f"not {args.rank}")
+        ranks = [args.rank] if ranks else []
+    return [Target(f"rank {r}", r, attempt.attempt, False) for r in ranks]
+
+
+def _emit(target: Target, data: bytes, prefix: bool, final: bool = False) -> None:
+    out = sys.stdout.buffer
+    if not prefix:
+        out.write(data)
+        out.flush()
+        return
+    buf = target.partial + data
+    lines = buf.split(b"\n")
+    target.partial = b"" if final else lines.pop()
+    tag = f"[{target.label}] ".encode()
+    for line in lines:
+        if line or not final:
+            out.write(tag + line + b"\n")
+    out.flush()
+
+
+def _pull(rm: RM, job_id: str, t: Target, prefix: bool) -> None:
+    """Read a target's log from its current offset to the end."""
+    while True:
+        reply = rm.call(rm.client.GetLogs, pb.GetLogsRequest(job_id=job_id, rank=t.rank, attempt=t.attempt,
+                                                             offset=t.offset, max_bytes=1 << 20, am=t.am))
+        t.container_id = reply.container_id
+        if reply.data:
+            _emit(t, reply.data, prefix)
+        t.offset = reply.next_offset
+        if t.offset >= reply.size:
+            t.done = reply.container_done
+            return
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    rm = RM(rm_address(args.rm))
+    job = rm.call(rm.client.GetJob, pb.GetJobRequest(job_id=args.job))
+    if args.follow:
+        return asyncio.run(_follow(rm, args))
+    targets = _targets(job, args)
+    if not targets:
+        raise CliError(f"{job.job_id} has no output yet ({state_name(job.state)}"
+                       + (f": {job.waiting_reason}" if job.waiting_reason else "") + "); try `gpurm logs -f`")
+    prefix = len(targets) > 1
+    for t in targets:
+        _pull(rm, job.job_id, t, prefix)
+        if prefix and t.partial:
+            _emit(t, b"", prefix, final=True)
+    return 0
+
+
+async def _follow(rm: RM, args: argparse.Namespace) -> int:
+    """Print output as it arrives: history over gRPC, then the live chunks agents publish over MQTT (gaps and
+    dropped messages are filled from the file by offset), until the job ends and every log is drained."""
+    info = rm.call(rm.client.GetClusterInfo, pb.ClusterInfoRequest())
+    wake = asyncio.Event()
+    chunks: list[tuple[str, int, bytes]] = []
+    listener = asyncio.create_task(_listen(info.mqtt_url, args.job, chunks, wake)) if info.mqtt_url else None
+    progress = Progress(enabled=sys.stderr.isatty())
+    targets: dict[tuple[int, int, bool], Target] = {}
+    try:
+        while True:
+            job = rm.call(rm.client.GetJob, pb.GetJobRequest(job_id=args.job))
+            fresh = [t for t in _targets(job, args) if (t.attempt, t.rank, t.am) not in targets]
+            if fresh and targets:
+                sys.stderr.write(f"--- attempt {fresh[0].attempt} ---\n")
+            for t in fresh:
+                targets[(t.attempt, t.rank, t.am)] = t
+            prefix = len({k[1] for k in targets}) > 1
+            if not targets:
+                progress.update(f"waiting for {args.job} to start ({state_name(job.state)}: "
+                                f"{job.waiting_reason or '...'})")
+            else:
+                progress.done()
+            live = [t for t in targets.values() if not t.done]
+            by_container = {t.container_id: t for t in live if t.container_id}
+            for cid, offset, data in chunks:
+                target = by_container.get(cid)
+                if target is not None and offset <= target.offset < offset + len(data):
+                    _emit(target, data[target.offset - offset:], prefix)
+                    target.offset = offset + len(data)
+            chunks.clear()
+            for t in live:
+                with contextlib.suppress(CliError):
+                    _pull(rm, job.job_id, t, prefix)
+            if job.state in TERMINAL and job.live_containers == 0 and all(t.done for t in targets.values()):
+                for t in targets.values():
+                    if prefix and t.partial:
+                        _emit(t, b"", prefix, final=True)
+                progress.done()
+                sys.stderr.write(f"{job.job_id} {state_name(job.state)}\n")
+                return 0
+            wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), 2.0 if listener and not listener.done() else 0.5)
+    finally:
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await listener
+
+
+async def _listen(url: str, job_id: str, chunks: list[tuple[str, int, bytes]], wake: asyncio.Event) -> None:
+    with contextlib.suppress(Exception):
+        async with mqtt.client(url) as c:
+            await c.subscribe(mqtt.TOPIC_LOGS.format(job_id=job_id, container_id="#"), qos=0)
+            await c.subscribe(mqtt.TOPIC_JOB.format(job_id=job_id), qos=1)
+            async for message in c.messages:
+                payload = bytes(message.payload)
+                topic = str(message.topic)
+                if topic.startswith("gpurm/logs/") and len(payload) >= 8:
+                    chunks.append((topic.rsplit("/", 1)[-1], int.from_bytes(payload[:8], "big"), payload[8:]))
+                wake.set()
+
+
+__all__ = ["cmd_jobs", "cmd_kill", "cmd_logs", "cmd_status", "cmd_submit", "format_duration", "pbg"]

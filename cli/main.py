@@ -1,0 +1,207 @@
+"""`gpurm`: submit and watch jobs, inspect the cluster, run the daemons.
+
+Exit codes: 0 success; 1 the thing asked about failed (a job waited on ended badly); 2 bad input, an unknown
+job or an unreachable RM (a one-line message says what to do); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from gpurm.cli.client import CliError
+
+Command = Callable[[argparse.Namespace], int]
+
+
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32, width=100)
+
+
+def _common() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--rm", metavar="HOST:PORT", help="the RM to talk to (default: $GPURM_RM, else 127.0.0.1:7070)")
+    p.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                   help="table for people (default), json for scripts")
+    return p
+
+
+def _sub(subs: argparse._SubParsersAction, name: str, help_text: str, example: str,  # type: ignore[type-arg]
+         common: bool = True) -> argparse.ArgumentParser:
+    parents = [_common()] if common else []
+    return subs.add_parser(name, help=help_text, description=help_text, parents=parents,  # type: ignore[no-any-return]
+                           formatter_class=Formatter, epilog=f"example:\n{example}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gpurm.cli import cluster, daemons, devcluster, jobs
+
+    parser = argparse.ArgumentParser(
+        prog="gpurm", formatter_class=Formatter,
+        description="gpurm: a resource manager for shared GPU clusters (RM, node agents, per-job AMs).",
+        epilog="example:\n  gpurm dev-cluster --nodes 4 &      # a local cluster with fake GPUs\n"
+               "  gpurm submit --gpus 8 -- python train.py\n  gpurm jobs\n\n"
+               "`gpurm COMMAND --help` explains each command.")
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = _sub(subs, "submit", "submit a job from a YAML file, or a command after --",
+             "  gpurm submit configs/jobs/train-16gpu.yaml\n"
+             "  gpurm submit --gpus 2 --queue research.nlp --name probe -- python train.py --lr 3e-4\n"
+             "  JOB=$(gpurm submit --gpus 1 --wait -- ./eval.sh)")
+    p.add_argument("file", nargs="?", help="job file (YAML: name, queue, gpus, command, workdir, env, "
+                                           "max_retries, locality); see docs/jobs.md")
+    p.add_argument("--gpus", type=int, help="GPUs for the job (overrides the file)")
+    p.add_argument("--queue", help="leaf queue path, e.g. research.nlp (default: the file's, else `default`)")
+    p.add_argument("--name", help="a name to recognise the job by")
+    p.add_argument("--max-retries", type=int, help="failed attempts to retry (default 3)")
+    p.add_argument("--workdir", help="directory the command runs in (default: the current directory)")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="set a variable (repeatable)")
+    p.add_argument("--locality-timeout", metavar="DURATION", help="how long to wait at a locality level (60s)")
+    p.add_argument("--backoff-base", metavar="DURATION", help="first back-off before relaxing locality (10s)")
+    p.add_argument("--backoff-max", metavar="DURATION", help="longest back-off (10m)")
+    p.add_argument("--start-level", choices=("node", "packed", "rack", "any"), help="first locality level (packed)")
+    p.add_argument("--wait", action="store_true", help="wait for the job to end, showing progress; exit 0 only if "
+                                                      "it succeeded")
+    p.set_defaults(func=jobs.cmd_submit)
+
+    p = _sub(subs, "wait", "wait for jobs to end; exit 0 only if all succeeded",
+             "  gpurm wait job-3 job-4\n  gpurm wait job-3 --timeout 600 -o json")
+    p.add_argument("jobs", nargs="+", metavar="JOB", help="job ids")
+    p.add_argument("--timeout", type=float, default=0, help="give up after this many seconds (exit 1)")
+    p.set_defaults(func=jobs.cmd_wait)
+
+    p = _sub(subs, "jobs", "list jobs", "  gpurm jobs\n  gpurm jobs --state RUNNING --queue research.nlp\n"
+                                        "  gpurm jobs -o json | jq '.[].job_id'")
+    p.add_argument("--state", action="append", default=[], type=str.upper,
+                   choices=("QUEUED", "ALLOCATING", "RUNNING", "SUCCEEDED", "FAILED", "KILLED"),
+                   help="only jobs in this state (repeatable)")
+    p.add_argument("--queue", help="only jobs of this queue")
+    p.add_argument("--user", help="only jobs of this user")
+    p.add_argument("--limit", type=int, default=200, help="the most recent N jobs (default 200)")
+    p.set_defaults(func=jobs.cmd_jobs)
+
+    p = _sub(subs, "status", "show a job: state, attempts, placement, diagnostics",
+             "  gpurm status job-3\n  gpurm status job-3 -o json")
+    p.add_argument("job", help="job id, e.g. job-3")
+    p.set_defaults(func=jobs.cmd_status)
+
+    p = _sub(subs, "logs", "print a job's learner (or AM) output",
+             "  gpurm logs job-3            # every rank, prefixed\n  gpurm logs job-3 --rank 1 -f\n"
+             "  gpurm logs job-3 --am       # the job's ApplicationMaster")
+    p.add_argument("job", help="job id")
+    p.add_argument("--rank", type=int, help="only this rank (default: all ranks)")
+    p.add_argument("--attempt", type=int, default=0, help="attempt number (default: the latest)")
+    p.add_argument("--am", action="store_true", help="the AM's log instead of the learners'")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
+    p.set_defaults(func=jobs.cmd_logs)
+
+    p = _sub(subs, "kill", "kill a job and wait until its processes are gone",
+             "  gpurm kill job-3\n  gpurm kill job-3 --reason 'wrong learning rate' --no-wait")
+    p.add_argument("job", help="job id")
+    p.add_argument("--reason", default="", help="recorded in the job's diagnostics")
+    p.add_argument("--no-wait", action="store_true", help="return at once instead of waiting for the processes")
+    p.set_defaults(func=jobs.cmd_kill)
+
+    p = _sub(subs, "nodes", "list nodes: rack, GPUs free/total, state", "  gpurm nodes\n  gpurm nodes -o json")
+    p.set_defaults(func=cluster.cmd_nodes)
+
+    p = _sub(subs, "queues", "show the queue tree: shares, usage, demand", "  gpurm queues")
+    p.set_defaults(func=cluster.cmd_queues)
+
+    admin = subs.add_parser("admin", help="operator commands (queues, draining)", formatter_class=Formatter,
+                            description="operator commands", epilog="example:\n  gpurm admin drain node-3\n"
+                            "  gpurm admin refresh-queues configs/queues.yaml\n"
+                            "  gpurm admin check-queues configs/queues.yaml --capacity 512")
+    asubs = admin.add_subparsers(dest="admin_command", metavar="SUBCOMMAND")
+    p = _sub(asubs, "refresh-queues", "load a new queue config into the running RM (all-or-nothing)",
+             "  gpurm admin refresh-queues configs/queues.yaml\n  gpurm admin refresh-queues   # reread the RM's file")
+    p.add_argument("file", nargs="?", help="queues YAML (default: the file the RM was started with)")
+    p.set_defaults(func=cluster.cmd_refresh_queues)
+    p = _sub(asubs, "check-queues", "validate a queue config offline and show each queue's steady share",
+             "  gpurm admin check-queues configs/queues.yaml --capacity 512 -o json")
+    p.add_argument("file", help="queues YAML")
+    p.add_argument("--capacity", type=int, required=True, help="cluster size in GPUs")
+    p.set_defaults(func=cluster.cmd_check_queues)
+    p = _sub(asubs, "drain", "stop offering a node's GPUs (running work continues)",
+             "  gpurm admin drain node-3\n  gpurm admin drain node-3 --undo")
+    p.add_argument("node", help="node id")
+    p.add_argument("--undo", action="store_true", help="offer the node's GPUs again")
+    p.set_defaults(func=cluster.cmd_drain)
+    admin.set_defaults(func=lambda a: _missing_sub(admin))
+
+    p = _sub(subs, "rm", "run the ResourceManager daemon", "  gpurm rm --config configs/rm.yaml", common=False)
+    p.add_argument("--config", help="rm.yaml (see configs/rm.yaml)")
+    p.add_argument("--listen", help="HOST:PORT for gRPC (overrides the file)")
+    p.add_argument("--state-dir", help="where the RM keeps its store and key (overrides the file)")
+    p.add_argument("--mqtt-url", help="external broker mqtt://HOST:PORT (default: run an embedded one)")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
+    p.set_defaults(func=daemons.cmd_rm)
+
+    p = _sub(subs, "agent", "run a node agent on this GPU server", "  gpurm agent --config configs/agent.yaml",
+             common=False)
+    p.add_argument("--config", help="agent.yaml (see configs/agent.yaml)")
+    p.add_argument("--node-id", help="this node's id (overrides the file)")
+    p.add_argument("--rm", help="the RM's HOST:PORT (overrides the file)")
+    p.add_argument("--listen", help="HOST:PORT for the ContainerManager service (port 0: any free port)")
+    p.add_argument("--rack", help="rack / IB domain name")
+    p.add_argument("--state-dir", help="where the agent keeps container state and logs")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
+    p.set_defaults(func=daemons.cmd_agent)
+
+    p = _sub(subs, "dev-cluster", "run an RM and agents with fake GPUs on this machine (Ctrl-C stops all)",
+             "  gpurm dev-cluster --nodes 4 --gpus-per-node 8 --racks 2\n"
+             "  gpurm dev-cluster --state-dir /tmp/mycluster --port 7171   # then: export GPURM_RM=127.0.0.1:7171",
+             common=False)
+    p.add_argument("--nodes", type=int, default=4, help="agents to start (default 4)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="fake GPUs per agent (default 8)")
+    p.add_argument("--racks", type=int, default=2, help="racks to spread the nodes over (default 2)")
+    p.add_argument("--state-dir", help="where state and logs go (default: a new temporary directory)")
+    p.add_argument("--port", type=int, default=7070, help="the RM's gRPC port (default 7070)")
+    p.add_argument("--mqtt-url", help="use this broker instead of the RM's embedded one")
+    p.add_argument("--nvlink-islands", type=int, default=1, help="NVLink islands per fake server (default 1)")
+    p.add_argument("--heartbeat", default="1s", help="agent heartbeat interval (default 1s)")
+    p.add_argument("--missed-beats", type=int, default=5, help="missed beats before a node is LOST (default 5)")
+    p.add_argument("--queues", help="queues YAML for the RM (default: one `default` queue)")
+    p.add_argument("--rm-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra rm.yaml setting, dotted (e.g. am.liveness_timeout=20s); repeatable")
+    p.set_defaults(func=devcluster.cmd_dev_cluster)
+
+    return parser
+
+
+def _missing_sub(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if args_list and args_list[0] == "submit" and "--" in args_list:
+        cut = args_list.index("--")
+        args_list, command = args_list[:cut], args_list[cut + 1:]
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    args.command_argv = command
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    if args.command not in ("rm", "agent", "dev-cluster"):
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args))
+    except CliError as exc:
+        sys.stderr.write(f"gpurm {args.command}: error: {exc.message}\n")
+        return exc.code
+    except KeyboardInterrupt:
+        sys.stderr.write("\ninterrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Terminal output: aligned tables, JSON for scripts, short times."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+
+from gpurm.queues.fields import format_duration
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], out: TextIO | None = None,
+          max_last: int = 0) -> None:
+    """Columns padded to their widest cell; the last column is left ragged (it holds free text)."""
+    out = out or sys.stdout
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    if max_last:
+        for row in cells[1:]:
+            if len(row[-1]) > max_last:
+                row[-1] = row[-1][: max_last - 1] + "…"
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    for row in cells:
+        line = "  ".join(c.ljust(widths[i]) if i < len(row) - 1 else c for i, c in enumerate(row))
+        out.write(line.rstrip() + "\n")
+
+
+def to_json(value: Any) -> str:
+    if isinstance(value, Message):
+        value = message_dict(value)
+    return json.dumps(value, indent=2, sort_keys=False, default=str)
+
+
+def message_dict(msg: Message) -> dict[str, Any]:
+    return MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(to_json(value) + "\n")
+
+
+def ago(ms: int, now: float | None = None) -> str:
+    if not ms:
+        return "-"
+    return format_duration(max(0.0, (now or time.time()) - ms / 1000))
+
+
+def span(start_ms: int, end_ms: int, now: float | None = None) -> str:
+    if not start_ms:
+        return "-"
+    end = end_ms / 1000 if end_ms else (now or time.time())
+    return format_duration(max(0.0, end - start_ms / 1000))
+
+
+def clock(ms: int) -> str:
+    if not ms:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+
+
+def ranges(indices: Sequence[int]) -> str:
+    """[0,1,2,3,6] -> "0-3,6"."""
+    out: list[str] = []
+    items = sorted(indices)
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        out.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
+        i = j + 1
+    return ",".join(out) or "-"
+
+
+class Progress:
+    """One self-rewriting status line on stderr when it is a terminal; plain lines otherwise."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.tty = sys.stderr.isatty()
+        self.enabled = enabled
+        self._last = ""
+
+    def update(self, text: str) -> None:
+        if not self.enabled or text == self._last:
+            return
+        self._last = text
+        if self.tty:
+            sys.stderr.write("\r\x1b[2K" + text[:200])
+        else:
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled and self.tty and self._last:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
