@@ -1,0 +1,150 @@
+"""Drives a real `gpurm dev-cluster` (RM + agents as separate processes on loopback) and the real CLI."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from gpurm.proto import gpurm_pb2 as pb
+from gpurm.proto import gpurm_pb2_grpc as pbg
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+TERMINAL = (pb.JOB_SUCCEEDED, pb.JOB_FAILED, pb.JOB_KILLED)
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+class DevCluster:
+    def __init__(self, state_dir: Path, nodes: int = 3, gpus_per_node: int = 8, racks: int = 2,
+                 mqtt_url: str | None = None, extra: Iterable[str] = ()) -> None:
+        self.state_dir = state_dir
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        args = [sys.executable, "-m", "gpurm.cli.main", "dev-cluster", "--nodes", str(nodes), "--gpus-per-node",
+                str(gpus_per_node), "--racks", str(racks), "--state-dir", str(state_dir), "--port", str(self.port),
+                *extra]
+        if mqtt_url:
+            args += ["--mqtt-url", mqtt_url]
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.log = open(state_dir / "dev-cluster.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.channel = grpc.insecure_channel(self.address)
+        self.client = pbg.ClientStub(self.channel)
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        path = self.state_dir / "cluster.json"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dev-cluster exited {self.proc.returncode}:\n{self.log_text()}")
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads(path.read_text()).get("ready"):
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"dev-cluster not ready after {timeout}s:\n{self.log_text()}")
+
+    def log_text(self) -> str:
+        return (self.state_dir / "dev-cluster.log").read_text(errors="replace")
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return json.loads((self.state_dir / "cluster.json").read_text())  # type: ignore[no-any-return]
+
+    def agent_pid(self, node_id: str) -> int:
+        return next(int(a["pid"]) for a in self.info["agents"] if a["node_id"] == node_id)
+
+    # -- the real CLI, as a user runs it
+    def gpurm(self, *args: str, input_text: str | None = None, cwd: Path | None = None,
+              env: dict[str, str] | None = None, timeout: float = 60) -> CliResult:
+        full_env = {**os.environ, "GPURM_RM": self.address, **(env or {})}
+        proc = subprocess.run([sys.executable, "-m", "gpurm.cli.main", *args], capture_output=True, text=True,
+                              input=input_text, cwd=cwd or ROOT, env=full_env, timeout=timeout, check=False)
+        return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+    def submit(self, *args: str) -> str:
+        r = self.gpurm("submit", *args)
+        assert r.code == 0, r.err
+        return r.out.strip()
+
+    # -- direct reads for waiting
+    def job(self, job_id: str) -> pb.Job:
+        return self.client.GetJob(pb.GetJobRequest(job_id=job_id), timeout=10)
+
+    def wait_job(self, job_id: str, states: Iterable[int] = TERMINAL, timeout: float = 60) -> pb.Job:
+        wanted = set(states)
+        deadline = time.monotonic() + timeout
+        job = self.job(job_id)
+        while time.monotonic() < deadline:
+            job = self.job(job_id)
+            if job.state in wanted:
+                return job
+            time.sleep(0.1)
+        raise TimeoutError(f"{job_id} is {pb.JobState.Name(job.state)} after {timeout}s: {job.waiting_reason} "
+                           f"{job.diagnostics}")
+
+    def nodes(self) -> list[pb.NodeInfo]:
+        return list(self.client.ListNodes(pb.ListNodesRequest(), timeout=10).nodes)
+
+    def stop(self) -> int:
+        self.channel.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+def processes_with_env(key: str, value: str) -> list[int]:
+    """Pids of live processes whose environment has key=value (how we find a job's processes)."""
+    needle = f"{key}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
