@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -84,7 +85,46 @@ def cmd_refresh_queues(args: argparse.Namespace) -> int:
 
 
 def cmd_check_queues(args: argparse.Namespace) -> int:
-    raise CliError("check-queues arrives with hierarchical queues")
+    """Validate a queues file offline and show the steady shares it gives a cluster of N GPUs."""
+    from gpurm.queues.config import parse_queues
+    from gpurm.queues.fairshare import compute_shares
+    from gpurm.queues.fields import ConfigError
+
+    if args.capacity < 0:
+        raise CliError(f"--capacity: must be at least 0, got {args.capacity}")
+    try:
+        text = Path(args.file).read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
+    try:
+        tree = parse_queues(text, args.file)
+    except ConfigError as exc:
+        if args.output == "json":
+            print_json({"valid": False, "errors": exc.problems})
+        else:
+            sys.stderr.write(f"gpurm admin check-queues: {len(exc.problems)} problem(s) in {args.file}:\n")
+            for problem in exc.problems:
+                sys.stderr.write(f"  {problem}\n")
+        return 2
+    shares = compute_shares(tree.share_tree(), args.capacity)
+    if args.output == "json":
+        print_json({q.path: {"steady_share": shares.steady.get(q.path, 0), "weight": q.weight,
+                             "min_gpus": q.min_gpus, "max_gpus": q.max_gpus, "leaf": q.leaf,
+                             "preemptible": q.effective_preemptible,
+                             "policy": q.effective_policy.value if q.leaf else None,
+                             "max_running_jobs": q.max_running_jobs, "max_gpus_per_user": q.max_gpus_per_user,
+                             "submit_acl": sorted(q.effective_submit), "admin_acl": sorted(q.effective_admin)}
+                    for q in tree.walk()})
+        return 0
+    rows = []
+    for q in tree.walk():
+        depth = q.path.count(".")
+        rows.append(["  " * depth + q.name, f"{q.weight:g}", q.min_gpus, "-" if q.max_gpus is None else q.max_gpus,
+                     shares.steady.get(q.path, 0), q.effective_policy.value if q.leaf else "",
+                     "" if q.effective_preemptible else "no", ",".join(sorted(q.effective_submit)) if q.leaf else ""])
+    table(["QUEUE", "WEIGHT", "MIN", "MAX", "STEADY", "POLICY", "PREEMPT", "SUBMIT"], rows)
+    print(f"{args.file} is valid; steady shares for a cluster of {args.capacity} GPUs")
+    return 0
 
 
 def cmd_drain(args: argparse.Namespace) -> int:

@@ -110,7 +110,9 @@ def choose_in_islands(free: Iterable[int], islands: list[list[int]], count: int,
     wanted = sorted(set(preferred))
     if len(wanted) == count and all(i in free_set for i in wanted):
         return wanted
-    groups = islands or [free_list]
+    if len(islands) <= 1:
+        return free_list[:count]          # one NVLink domain (or none known): any free GPUs are as good
+    groups = islands
     covered = {i for isl in groups for i in isl}
     groups = [*groups, *[[i] for i in free_list if i not in covered]]
     free_in = [[i for i in isl if i in free_set] for isl in groups]
@@ -142,6 +144,7 @@ class Cluster:
         self._by_free_rack: dict[str, SortedList] = {}
         self.version = 0
         self.changed: set[str] = set()   # node ids changed since the view was last published
+        self._capacity: int | None = None  # cached; node, state and health changes reset it
 
     # -- index upkeep
     def _reindex(self, node: Node) -> None:
@@ -175,12 +178,14 @@ class Cluster:
                 self._by_free_rack.get(old.rack, SortedList()).discard((old_free, node.node_id))
         node.islands = nvlink_islands(node.gpus.values())
         self.nodes[node.node_id] = node
+        self._capacity = None
         self._reindex(node)
 
     def set_state(self, node_id: str, state: NodeState) -> None:
         node = self.nodes[node_id]
         if node.state is not state:
             node.state = state
+            self._capacity = None
             self._reindex(node)
 
     def set_gpu_health(self, node_id: str, index: int, healthy: bool, reason: str) -> None:
@@ -188,6 +193,7 @@ class Cluster:
         gpu = node.gpus.get(index)
         if gpu is not None and (gpu.healthy, gpu.health_reason) != (healthy, reason):
             gpu.healthy, gpu.health_reason = healthy, reason
+            self._capacity = None
             self._reindex(node)
 
     def allocate(self, node_id: str, indices: Iterable[int], container_id: str) -> None:
@@ -223,8 +229,10 @@ class Cluster:
     @property
     def capacity(self) -> int:
         """GPUs that could serve jobs: healthy GPUs of nodes not lost or decommissioned."""
-        return sum(n.healthy_gpus for n in self.nodes.values()
-                   if n.state not in (NodeState.LOST, NodeState.DECOMMISSIONED))
+        if self._capacity is None:
+            self._capacity = sum(n.healthy_gpus for n in self.nodes.values()
+                                 if n.state not in (NodeState.LOST, NodeState.DECOMMISSIONED))
+        return self._capacity
 
     @property
     def total_gpus(self) -> int:

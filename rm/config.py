@@ -32,6 +32,7 @@ class RMConfig:
     admins: list[str] = field(default_factory=lambda: ["root"])
     settings: RMSettings = field(default_factory=RMSettings)
     view_publish_interval_s: float = 0.5
+    scheduler_interval_s: float = 0.05     # at most one scheduling pass per interval under load
 
     @property
     def advertised(self) -> str:
@@ -99,6 +100,9 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     s.max_active_ams = am.integer("max_active", s.max_active_ams, minimum=1)
     s.max_acquiring_per_queue = am.integer("max_acquiring_per_queue", s.max_acquiring_per_queue, minimum=1)
     am.reject_unknown()
+    sch = r.section("scheduler")
+    cfg.scheduler_interval_s = sch.duration("interval", cfg.scheduler_interval_s)
+    sch.reject_unknown()
     if s.heartbeat_interval_s <= 0:
         hb.error("interval", "must be above 0")
     cfg.settings = s

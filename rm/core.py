@@ -14,6 +14,8 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from gpurm.queues.tree import QueueTree, acl_allows, default_tree
+from gpurm.rm import preemption
 from gpurm.rm.cluster import Cluster, GpuRecord, Node, NodeState
 from gpurm.rm.jobspec import JobSpec
 from gpurm.rm.model import (
@@ -28,11 +30,13 @@ from gpurm.rm.model import (
     JobState,
     Learner,
 )
+from gpurm.rm.queuebook import QueueBook
 from gpurm.rm.scheduler import App, Ask, Grant, Scheduler, subtract_grants
 
 log = logging.getLogger(__name__)
 
 DEFAULT_QUEUE = "default"
+PREEMPT_CHECK_S = 1.0     # how often starvation is checked
 
 
 class ErrorCode(enum.Enum):
@@ -177,6 +181,9 @@ class AppState:
     last_response: AllocateResult | None = None
     pending_grants: list[Grant] = field(default_factory=list)
     completed: list[Container] = field(default_factory=list)
+    preempt_ids: list[str] = field(default_factory=list)
+    preempt_deadline: float = 0.0
+    preempt_reason: str = ""
 
 
 @dataclass
@@ -191,14 +198,16 @@ class Dirty:
 
 
 class RMCore:
-    def __init__(self, settings: RMSettings | None = None, queues: Iterable[str] = (DEFAULT_QUEUE,)) -> None:
+    def __init__(self, settings: RMSettings | None = None, tree: QueueTree | None = None) -> None:
         self.settings = settings or RMSettings()
         self.cluster = Cluster()
-        self.scheduler = Scheduler(self.cluster)
+        self.queues = QueueBook(tree or default_tree())
+        self.scheduler = Scheduler(self.cluster, self.queues)
         self.jobs: dict[str, Job] = {}
         self.containers: dict[str, Container] = {}
+        self.by_job: dict[str, set[str]] = {}     # job id -> its container ids (an index over containers)
         self.apps: dict[str, AppState] = {}
-        self.leaf_queues: set[str] = {f"root.{q}" for q in queues}
+        self._next_preempt_check = 0.0
         self.next_job_seq = 1
         self.submit_ids: dict[str, str] = {}
         self.outbox: list[Effect] = []
@@ -247,32 +256,50 @@ class RMCore:
                                f"job_id: no job {job_id!r}; `gpurm jobs` lists the jobs this RM knows")
         return job
 
+    def _add_container(self, c: Container) -> None:
+        self.containers[c.container_id] = c
+        self.by_job.setdefault(c.job_id, set()).add(c.container_id)
+        self._container_changed(c)
+
     def job_containers(self, job_id: str, live_only: bool = True) -> list[Container]:
-        return [c for c in self.containers.values()
-                if c.job_id == job_id and (c.phase.live or not live_only)]
+        found = (self.containers[cid] for cid in sorted(self.by_job.get(job_id, ())))
+        return [c for c in found if c.phase.live or not live_only]
 
     def live_count(self, job_id: str) -> int:
-        return sum(1 for c in self.containers.values() if c.job_id == job_id and c.phase.live)
+        return sum(1 for cid in self.by_job.get(job_id, ()) if self.containers[cid].phase.live)
 
     # ------------------------------------------------------------ submit / kill
 
     def resolve_queue(self, name: str) -> str:
-        wanted = name or DEFAULT_QUEUE
-        path = wanted if wanted.startswith("root.") else f"root.{wanted}"
-        if path not in self.leaf_queues:
-            if not name:
+        tree = self.queues.tree
+        if not name:
+            q = tree.find(DEFAULT_QUEUE)
+            if q is None or not q.leaf:
                 raise RequestError(ErrorCode.INVALID_ARGUMENT,
-                                   "queue: the job names no queue and there is no `default` queue; "
-                                   "name one with --queue (see `gpurm queues`)")
-            known = ", ".join(sorted(q.removeprefix("root.") for q in self.leaf_queues))
+                                   "queue: the job names no queue and there is no `default` leaf queue; name one "
+                                   "with --queue (see `gpurm queues`)")
+            return q.path
+        q = tree.find(name)
+        leaves = ", ".join(leaf.short for leaf in tree.leaves)
+        if q is None:
             raise RequestError(ErrorCode.INVALID_ARGUMENT,
-                               f"queue: no leaf queue {name!r}; jobs go to one of: {known}")
-        return path
+                               f"queue: no queue {name!r}; jobs go to a leaf queue: {leaves}")
+        if not q.leaf:
+            below = ", ".join(leaf.short for leaf in tree.leaves if leaf.path.startswith(q.path + "."))
+            raise RequestError(ErrorCode.INVALID_ARGUMENT,
+                               f"queue: {q.short} is a parent queue; jobs go to one of its leaves: {below}")
+        return q.path
 
-    def submit(self, spec: JobSpec, user: str, now: float, submit_id: str = "") -> Job:
+    def submit(self, spec: JobSpec, user: str, now: float, submit_id: str = "", groups: Iterable[str] = ()) -> Job:
         if submit_id and submit_id in self.submit_ids:
             return self.jobs[self.submit_ids[submit_id]]
         queue = self.resolve_queue(spec.queue)
+        leaf = self.queues.tree.by_path[queue]
+        if not acl_allows(leaf.effective_submit, user, groups):
+            admins = ", ".join(sorted(leaf.effective_admin)) or "an RM admin"
+            raise RequestError(ErrorCode.PERMISSION_DENIED,
+                               f"queue: {user} may not submit to {leaf.short} (submit ACL: "
+                               f"{', '.join(sorted(leaf.effective_submit))}); ask {admins} for access")
         total = self.cluster.total_gpus
         if spec.gpus > total:
             raise RequestError(
@@ -281,6 +308,15 @@ class RMCore:
                 "ask for fewer (see `gpurm nodes`)" if total else
                 f"gpus: the job asks for {spec.gpus} GPUs but no node has registered yet; start agents first",
             )
+        limit = leaf.max_gpus_per_user if leaf.max_gpus_per_user is not None else leaf.max_gpus
+        for q in leaf.ancestry():
+            if q.max_gpus is not None and spec.gpus > q.max_gpus:
+                raise RequestError(ErrorCode.INVALID_ARGUMENT,
+                                   f"gpus: {spec.gpus} is above queue {q.short}'s max_gpus ({q.max_gpus}); "
+                                   "it could never run there")
+        if limit is not None and spec.gpus > limit:
+            raise RequestError(ErrorCode.INVALID_ARGUMENT,
+                               f"gpus: {spec.gpus} is above max_gpus_per_user ({limit}) of {leaf.short}")
         seq = self.next_job_seq
         self.next_job_seq += 1
         self.dirty.meta = True
@@ -289,12 +325,25 @@ class RMCore:
         self.jobs[job.job_id] = job
         if submit_id:
             self.submit_ids[submit_id] = job.job_id
+        self.queues.want(queue, spec.gpus)
         self._job_changed(job)
         self._launch_ams(now)
         return job
 
-    def kill(self, job_id: str, user: str, reason: str, now: float) -> Job:
+    def may_kill(self, job: Job, user: str, groups: Iterable[str] = (), rm_admin: bool = False) -> bool:
+        """The job's owner, its queue's admins and the RM's admins may kill it."""
+        if rm_admin or user == job.user:
+            return True
+        leaf = self.queues.tree.by_path.get(job.queue)
+        return leaf is not None and acl_allows(leaf.effective_admin, user, groups)
+
+    def kill(self, job_id: str, user: str, reason: str, now: float, groups: Iterable[str] = (),
+             rm_admin: bool = False) -> Job:
         job = self.get_job(job_id)
+        if not self.may_kill(job, user, groups, rm_admin):
+            raise RequestError(ErrorCode.PERMISSION_DENIED,
+                               f"{user} may not kill {job_id}: only its owner ({job.user}), the admins of queue "
+                               f"{job.queue.removeprefix('root.')} and RM admins may")
         if job.state.terminal:
             return job
         job.kill_requested = True
@@ -314,6 +363,9 @@ class RMCore:
         job.diagnostics = diagnostics
         job.exit_code = exit_code
         job.waiting_reason = ""
+        self.queues.want(job.queue, -job.spec.gpus)
+        if job.admitted:
+            self.queues.activate(job.queue, -1)
         app = self.apps.pop(job.job_id, None)
         if app is not None:
             app.app.asks = []
@@ -358,6 +410,10 @@ class RMCore:
                 self._set_waiting(job, f"waiting behind {acquiring[job.queue]} jobs acquiring GPUs in "
                                        f"{job.queue.removeprefix('root.')}")
                 continue
+            full = self._running_limit(job) if not job.admitted else ""
+            if full:
+                self._set_waiting(job, full)
+                continue
             node_id = min(ams_on, key=lambda n: (ams_on[n], n))
             ams_on[node_id] += 1
             if not admitted:
@@ -365,13 +421,22 @@ class RMCore:
                 acquiring[job.queue] = acquiring.get(job.queue, 0) + 1
             self._start_am(job, node_id, now)
 
+    def _running_limit(self, job: Job) -> str:
+        leaf = self.queues.tree.by_path.get(job.queue)
+        for q in leaf.ancestry() if leaf is not None else ():
+            if q.max_running_jobs is not None and self.queues.jobs_active.get(q.path, 0) >= q.max_running_jobs:
+                return f"queue {q.short} runs its max_running_jobs ({q.max_running_jobs}); waiting for one to end"
+        return ""
+
     def _start_am(self, job: Job, node_id: str, now: float) -> None:
+        if not job.admitted:
+            job.admitted = True
+            self.queues.activate(job.queue, 1)
         job.am_attempt += 1
         c = Container(container_id=f"{job.job_id}-am{job.am_attempt}", job_id=job.job_id,
                       kind=ContainerKind.AM, node_id=node_id, gpu_indices=[], attempt=job.am_attempt,
                       created=now, user=job.user)
-        self.containers[c.container_id] = c
-        self._container_changed(c)
+        self._add_container(c)
         job.am_container = c.container_id
         job.am_node = node_id
         if job.state is JobState.QUEUED:
@@ -566,6 +631,9 @@ class RMCore:
         c.finished = now
         c.exit = exit_status
         self.cluster.release(c.node_id, c.gpu_indices, c.container_id)
+        job_of = self.jobs.get(c.job_id)
+        if c.kind is ContainerKind.LEARNER and job_of is not None:
+            self.queues.charge(job_of.queue, job_of.user, -c.gpus)
         self._container_changed(c)
         self._stop_sent.pop(c.container_id, None)
         job = self.jobs.get(c.job_id)
@@ -644,7 +712,9 @@ class RMCore:
             self._job_changed(job)
 
     def allocate(self, job_id: str, am_attempt: int, response_id: int, asks: list[Ask], releases: list[str],
-                 reports: list[AttemptUpdate], now: float) -> AllocateResult:
+                 reports: list[AttemptUpdate], now: float, schedule: bool = True) -> AllocateResult:
+        """Apply an AM's call and answer it. `schedule=False` leaves the scheduling pass to the caller (the
+        daemon coalesces passes under load); grants made by a later pass go out with the next call."""
         job = self.get_job(job_id)
         if job.state.terminal and job.am_attempt == am_attempt:
             return AllocateResult(response_id, [], [], kill_requested=True)
@@ -660,11 +730,13 @@ class RMCore:
             self._apply_attempt(job, report, now)
         unseen = [(g.node_id, self.cluster.nodes[g.node_id].rack, len(g.gpu_indices)) for g in app.pending_grants]
         app.app.asks = subtract_grants(asks, unseen)
-        self.schedule(now)
+        if schedule:
+            self.schedule(now)
         app.response_id += 1
         result = AllocateResult(app.response_id, app.pending_grants, app.completed,
-                                kill_requested=job.kill_requested)
-        app.pending_grants, app.completed = [], []
+                                kill_requested=job.kill_requested, preempt_ids=app.preempt_ids,
+                                preempt_deadline=app.preempt_deadline, preempt_reason=app.preempt_reason)
+        app.pending_grants, app.completed, app.preempt_ids = [], [], []
         app.last_response = result
         return result
 
@@ -742,7 +814,14 @@ class RMCore:
         apps = [a.app for a in self.apps.values() if a.registered and a.app.asks]
         if not apps:
             return []
+        for app in apps:
+            job = self.jobs[app.job_id]
+            app.attained_gpu_s = job.attained_gpu_s + sum(
+                c.gpus * (now - c.started) for c in self.job_containers(app.job_id) if c.started)
         grants = self.scheduler.schedule(apps, self._new_container_id)
+        for app in apps:
+            if app.blocked:
+                self._set_waiting(self.jobs[app.job_id], app.blocked)
         for g in grants:
             job = self.jobs[g.job_id]
             attempt = job.current_attempt
@@ -750,8 +829,7 @@ class RMCore:
                           node_id=g.node_id, gpu_indices=list(g.gpu_indices),
                           attempt=attempt.number if attempt else 1, created=now, user=job.user,
                           preemptible=g.preemptible)
-            self.containers[c.container_id] = c
-            self._container_changed(c)
+            self._add_container(c)
             self.apps[g.job_id].pending_grants.append(g)
         return grants
 
@@ -763,8 +841,11 @@ class RMCore:
         return cid
 
     def tick(self, now: float) -> None:
-        """Time-driven work: lost nodes, stuck AMs, grants never started, stop orders to repeat."""
+        """Time-driven work: lost nodes, stuck AMs, grants never started, stop orders to repeat, preemption."""
         self.expire_nodes(now)
+        if now >= self._next_preempt_check:
+            self._next_preempt_check = now + PREEMPT_CHECK_S
+            self.preempt(now)
         s = self.settings
         for c in list(self.containers.values()):
             if not c.phase.live:
@@ -776,6 +857,9 @@ class RMCore:
                         c.node_id, c.container_id, s.kill_grace_s, c.stop_reason)
                 continue
             job = self.jobs.get(c.job_id)
+            if c.preempt_deadline and now >= c.preempt_deadline:
+                self._order_stop(c, s.kill_grace_s, f"preempted for queue {c.preempted_for.removeprefix('root.')}")
+                continue
             if c.kind is ContainerKind.LEARNER and c.phase is ContainerPhase.ALLOCATED \
                     and now - max(c.created, self.recovered_at) > s.container_start_timeout_s:
                 self._order_stop(c, 0.0, "granted but never started")
@@ -798,6 +882,123 @@ class RMCore:
                 self._order_stop(c, s.kill_grace_s, "job finished")
         self._launch_ams(now)
 
+    # ------------------------------------------------------------ queues: preemption, refresh, views
+
+    def preempt(self, now: float) -> list[preemption.Decision]:
+        """Start the preemptions starving queues are owed (see rm/preemption.py)."""
+        book = self.queues
+        shares = book.shares(self.cluster.capacity)
+        reclaiming: dict[str, int] = {}
+        busy: set[str] = set()
+        for c in self.containers.values():
+            if c.phase.live and c.preempt_deadline:
+                reclaiming[c.preempted_for] = reclaiming.get(c.preempted_for, 0) + c.gpus
+                busy.add(c.job_id)
+        candidates = []
+        for job in self.jobs.values():
+            if job.state.terminal or job.job_id in busy:
+                continue
+            held = [c for c in self.job_containers(job.job_id) if c.kind is ContainerKind.LEARNER]
+            gpus = sum(c.gpus for c in held)
+            if gpus:
+                candidates.append(preemption.Candidate(job.job_id, job.queue, gpus,
+                                                       max(c.created for c in held), job.seq))
+        decisions = preemption.decide(book, shares, now, candidates, reclaiming)
+        grace = 0.0
+        for d in decisions:
+            grace = book.tree.by_path[d.beneficiary].preemption.grace_s
+            for v in d.victims:
+                self._preempt_job(self.jobs[v.job_id], d, grace, now)
+            log.info("preempting %s (%d GPUs) for %s: %s", ", ".join(v.job_id for v in d.victims), d.gpus,
+                     d.beneficiary, d.reason)
+        return decisions
+
+    def _preempt_job(self, job: Job, d: preemption.Decision, grace_s: float, now: float) -> None:
+        deadline = now + grace_s
+        ids = []
+        for c in self.job_containers(job.job_id):
+            if c.kind is ContainerKind.LEARNER:
+                c.preempt_deadline = deadline
+                c.preempted_for = d.beneficiary
+                self._container_changed(c)
+                ids.append(c.container_id)
+        app = self.apps.get(job.job_id)
+        reason = f"preempted for queue {d.beneficiary.removeprefix('root.')}: {d.reason}"
+        if app is not None:
+            app.preempt_ids = ids
+            app.preempt_deadline = deadline
+            app.preempt_reason = reason
+        job.waiting_reason = reason
+        self._job_changed(job)
+
+    def _rebuild_queue_book(self) -> None:
+        """Derive usage, demand and admissions from the records (after a restore or a config change)."""
+        book = self.queues
+        for job in self.jobs.values():
+            if job.state.terminal:
+                continue
+            book.want(job.queue, job.spec.gpus)
+            if job.admitted:
+                book.activate(job.queue, 1)
+        for c in self.containers.values():
+            owner = self.jobs.get(c.job_id)
+            if c.phase.live and c.kind is ContainerKind.LEARNER and owner is not None:
+                book.charge(owner.queue, owner.user, c.gpus)
+        book.invalidate()
+
+    def replace_tree(self, tree: QueueTree) -> list[str]:
+        """Adopt a new queue config, or say why not (the old one then stays in force)."""
+        problems = []
+        for job in self.jobs.values():
+            if job.state.terminal:
+                continue
+            q = tree.by_path.get(job.queue)
+            if q is None:
+                problems.append(f"{job.queue}: removed, but job {job.job_id} ({job.state.name}) is still in it; "
+                                "let its jobs finish or kill them first")
+            elif not q.leaf:
+                problems.append(f"{job.queue}: would become a parent queue, but job {job.job_id} is still in it")
+        if problems:
+            return sorted(set(problems))
+        self.queues.replace_tree(tree)
+        self._rebuild_queue_book()
+        for app in self.apps.values():
+            app.app.queue = self.jobs[app.app.job_id].queue
+        return []
+
+    def queue_stats(self) -> dict[str, tuple[int, int]]:
+        """Per queue (ancestors included): (running jobs, queued jobs)."""
+        stats: dict[str, list[int]] = {}
+        for job in self.jobs.values():
+            if job.state.terminal:
+                continue
+            q = self.queues.tree.by_path.get(job.queue)
+            for a in q.ancestry() if q is not None else ():
+                entry = stats.setdefault(a.path, [0, 0])
+                entry[0 if job.state is JobState.RUNNING else 1] += 1
+        return {k: (v[0], v[1]) for k, v in stats.items()}
+
+    def preemptible_jobs(self) -> set[str]:
+        """Jobs running on borrowed GPUs: in each preemptible leaf, the newest jobs whose GPUs take the queue
+        above its steady share."""
+        steady = self.queues.shares(self.cluster.capacity).steady
+        by_queue: dict[str, list[Job]] = {}
+        for job in self.jobs.values():
+            if not job.state.terminal:
+                by_queue.setdefault(job.queue, []).append(job)
+        out: set[str] = set()
+        for queue, jobs in by_queue.items():
+            leaf = self.queues.tree.by_path.get(queue)
+            if leaf is None or not leaf.effective_preemptible:
+                continue
+            used = 0
+            for job in sorted(jobs, key=lambda j: (j.start_time or float("inf"), j.seq)):
+                held = self.gpus_held(job.job_id)
+                used += held
+                if held and used > steady.get(queue, 0):
+                    out.add(job.job_id)
+        return out
+
     # ------------------------------------------------------------ persistence
 
     def meta(self) -> dict[str, str]:
@@ -814,6 +1015,7 @@ class RMCore:
                 self.submit_ids[job.submit_id] = job.job_id
         for c in containers:
             self.containers[c.container_id] = c
+            self.by_job.setdefault(c.job_id, set()).add(c.container_id)
         for node in nodes:
             node.last_heartbeat = now
             node.session = ""
@@ -825,6 +1027,7 @@ class RMCore:
             self.cluster.upsert(node)
         self.next_job_seq = int(meta.get("next_job_seq", "1"))
         self.next_container_seq = int(meta.get("next_container_seq", "1"))
+        self._rebuild_queue_book()
 
     # ------------------------------------------------------------ views for the shell
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import json
 import logging
 import os
+import pwd
 import signal
 import time
 import uuid
@@ -23,7 +25,9 @@ import grpc
 
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.queues.fields import parse_address
+from gpurm.queues.config import parse_queues
+from gpurm.queues.fields import ConfigError, parse_address
+from gpurm.queues.tree import QueueTree, default_tree
 from gpurm.rm import convert, mqtt
 from gpurm.rm.broker import EmbeddedBroker
 from gpurm.rm.config import RMConfig
@@ -42,8 +46,8 @@ AGENT_CALL_TIMEOUT_S = 10.0
 class RMShell:
     def __init__(self, config: RMConfig) -> None:
         self.config = config
-        self.core = RMCore(config.settings)
         self.store = SqliteStore(config.state_dir / "state.db")
+        self.core = RMCore(config.settings, self._initial_queues())
         self.key: TokenKey = load_or_create_key(config.state_dir / "token.key")
         self.mqtt_url = config.mqtt_url
         self.publisher: mqtt.Publisher | None = None
@@ -54,6 +58,9 @@ class RMShell:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._view_dirty = asyncio.Event()
+        self._groups: dict[str, tuple[float, list[str]]] = {}
+        self._last_pass = 0.0
+        self._pass_pending = False
 
     # ------------------------------------------------------------ persistence and effects
 
@@ -178,14 +185,19 @@ class RMShell:
         return pb.ClusterView(version=self.core.cluster.version, time_ms=convert.ms(time.time()),
                               nodes=[convert.node_view_to_pb(n) for n in nodes])
 
-    def job_pb(self, job: Job, full: bool = True) -> pb.Job:
+    def job_pb(self, job: Job, full: bool = True, preemptible_jobs: set[str] | None = None) -> pb.Job:
         live = self.core.job_containers(job.job_id)
+        if preemptible_jobs is None and not job.state.terminal:
+            preemptible_jobs = self.core.preemptible_jobs()
+        preemptible = job.job_id in (preemptible_jobs or set())
         msg = convert.job_to_pb(job, gpus_held=sum(c.gpus for c in live), live_containers=len(live),
-                                preemptible=any(c.preemptible for c in live))
+                                preemptible=preemptible)
         if full:
             for attempt in msg.attempts:
                 for learner in attempt.learners:
                     learner.usage = self.usage.get(learner.container_id, learner.usage)
+                    if attempt is msg.attempts[-1] and not job.state.terminal:
+                        learner.preemptible = preemptible
         else:
             for attempt in msg.attempts[:-1]:
                 del attempt.learners[:]
@@ -208,23 +220,109 @@ class RMShell:
         return pb.ClusterInfo(mqtt_url=self.mqtt_url, version=VERSION, gpus_total=cluster.total_gpus,
                               nodes=len(cluster.nodes), started_ms=convert.ms(self.started))
 
+    def _initial_queues(self) -> QueueTree:
+        """The configured queues file wins; without one, the config last applied by refresh-queues; else one
+        `default` queue."""
+        path = self.config.queues_file
+        if path:
+            try:
+                return parse_queues(Path(path).read_text(), path)
+            except OSError as exc:
+                raise ConfigError([f"queues: cannot read {path}: {exc.strerror}"]) from None
+        text = self.store.load().meta.get("queues_yaml", "")
+        if text:
+            try:
+                return parse_queues(text, "the last applied queue config")
+            except ConfigError as exc:
+                log.error("ignoring the stored queue config: %s", "; ".join(exc.problems))
+        return default_tree()
+
     def queues_pb(self) -> pb.ListQueuesResponse:
-        capacity = self.core.cluster.capacity
-        queues = []
-        for path in sorted(self.core.leaf_queues):
-            jobs = [j for j in self.core.jobs.values() if j.queue == path and not j.state.terminal]
-            used = sum(self.core.gpus_held(j.job_id) for j in jobs)
-            queues.append(pb.QueueInfo(
-                path=path, weight=1.0, min_gpus=0, max_gpus=-1, steady_share=capacity,
-                instantaneous_share=capacity, used_gpus=used,
-                pending_gpus=sum(j.spec.gpus for j in jobs if j.state.name in ("QUEUED", "ALLOCATING")),
-                running_jobs=sum(1 for j in jobs if j.state.name == "RUNNING"),
-                queued_jobs=sum(1 for j in jobs if j.state.name in ("QUEUED", "ALLOCATING")), leaf=True,
-                preemptible=True, policy="fifo", max_running_jobs=-1))
-        return pb.ListQueuesResponse(queues=queues, capacity=capacity)
+        core = self.core
+        capacity = core.cluster.capacity
+        book = core.queues
+        shares = book.shares(capacity)
+        stats = core.queue_stats()
+        out = []
+        for q in book.tree.walk():
+            running, queued = stats.get(q.path, (0, 0))
+            used = book.used.get(q.path, 0)
+            starving = book.starvation.get(q.path)
+            since = min((t for t in ((starving.min_since, starving.fair_since) if starving else ()) if t), default=0)
+            out.append(pb.QueueInfo(
+                path=q.path, weight=q.weight, min_gpus=q.min_gpus,
+                max_gpus=-1 if q.max_gpus is None else q.max_gpus, steady_share=shares.steady.get(q.path, 0),
+                instantaneous_share=shares.instantaneous.get(q.path, 0), used_gpus=used,
+                pending_gpus=max(0, book.demand.get(q.path, 0) - used), running_jobs=running, queued_jobs=queued,
+                leaf=q.leaf, preemptible=q.effective_preemptible,
+                policy=q.effective_policy.value if q.leaf else "",
+                max_running_jobs=-1 if q.max_running_jobs is None else q.max_running_jobs,
+                starved_since_ms=convert.ms(since)))
+        return pb.ListQueuesResponse(queues=out, capacity=capacity)
 
     def refresh_queues(self, text: str) -> pb.RefreshQueuesResponse:
-        return pb.RefreshQueuesResponse(applied=False, errors=["queue configuration arrives with issue 3"])
+        """All or nothing: an invalid config, or one that drops a queue still holding jobs, changes nothing."""
+        source = "the uploaded config"
+        if not text:
+            if not self.config.queues_file:
+                return pb.RefreshQueuesResponse(applied=False, errors=[
+                    "the RM was started without a queues file: pass one (gpurm admin refresh-queues FILE)"])
+            source = self.config.queues_file
+            try:
+                text = Path(source).read_text()
+            except OSError as exc:
+                return pb.RefreshQueuesResponse(applied=False, errors=[f"cannot read {source}: {exc.strerror}"])
+        try:
+            tree = parse_queues(text, source)
+        except ConfigError as exc:
+            log.warning("queue config rejected (%d problems); the old one stays", len(exc.problems))
+            return pb.RefreshQueuesResponse(applied=False, errors=exc.problems)
+        with self.mutation():
+            problems = self.core.replace_tree(tree)
+            if not problems:
+                self.store.save([], [], [], {"queues_yaml": text})
+                self.core.schedule(time.time())
+        if problems:
+            log.warning("queue config rejected: %s", "; ".join(problems))
+            return pb.RefreshQueuesResponse(applied=False, errors=problems)
+        log.info("queue config applied from %s: %d leaf queues", source, len(tree.leaves))
+        return pb.RefreshQueuesResponse(applied=True, queues=self.queues_pb().queues)
+
+    def groups_of(self, user: str) -> list[str]:
+        """The OS groups of `user` on the RM host (for @group ACL entries), cached for a minute."""
+        cached = self._groups.get(user)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < 60:
+            return cached[1]
+        names: list[str] = []
+        try:
+            pw = pwd.getpwnam(user)
+            for gid in os.getgrouplist(user, pw.pw_gid):
+                with contextlib.suppress(KeyError):
+                    names.append(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            pass
+        self._groups[user] = (now, names)
+        return names
+
+    def schedule_soon(self) -> bool:
+        """Whether an allocate call should run the scheduling pass itself now. Under load passes are
+        coalesced to one per `scheduler_interval`; the loop below runs the deferred ones."""
+        now = time.monotonic()
+        if now - self._last_pass >= self.config.scheduler_interval_s:
+            self._last_pass = now
+            return True
+        self._pass_pending = True
+        return False
+
+    async def _schedule_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.scheduler_interval_s)
+            if self._pass_pending:
+                self._pass_pending = False
+                self._last_pass = time.monotonic()
+                with self.mutation():
+                    self.core.schedule(time.time())
 
     def new_session(self) -> str:
         return uuid.uuid4().hex
@@ -320,7 +418,8 @@ class RMShell:
             for job in self.core.jobs.values():
                 self._publish_job(job.job_id)
         self._view_dirty.set()
-        tasks = [asyncio.create_task(self._tick_loop()), asyncio.create_task(self._publish_view_loop())]
+        tasks = [asyncio.create_task(self._tick_loop()), asyncio.create_task(self._publish_view_loop()),
+                 asyncio.create_task(self._schedule_loop())]
         try:
             await stop.wait()
         finally:
@@ -356,7 +455,7 @@ def run_rm(config: RMConfig) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         shell = RMShell(config)
-        loop.add_signal_handler(signal.SIGHUP, lambda: shell.refresh_queues(""))
+        loop.add_signal_handler(signal.SIGHUP, lambda: _log_refresh(shell.refresh_queues("")))
         await shell.run(stop)
 
     try:
@@ -364,9 +463,12 @@ def run_rm(config: RMConfig) -> int:
     except OSError as exc:
         log.error("%s", exc)
         return 2
+    except ConfigError as exc:
+        log.error("cannot start: %s", "; ".join(exc.problems))
+        return 2
     return 0
 
 
-def ensure_dir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+def _log_refresh(reply: pb.RefreshQueuesResponse) -> None:
+    if not reply.applied:
+        log.error("SIGHUP: queue config not applied: %s", "; ".join(reply.errors))

@@ -114,6 +114,7 @@ class Job:
     final_reported: bool = False     # the AM called FinishApplicationMaster
     am_registered: list[int] = field(default_factory=list)  # AM attempts that came up
     am_launch_failures: int = 0
+    admitted: bool = False           # got an AM: counts against its queues' max_running_jobs
 
     @property
     def current_attempt(self) -> Attempt | None:
@@ -153,6 +154,8 @@ class Container:
     preemptible: bool = False
     stop_requested: bool = False
     stop_reason: str = ""
+    preempt_deadline: float = 0.0     # set when fair-share preemption takes it back
+    preempted_for: str = ""           # the queue it is taken back for
 
     @property
     def gpus(self) -> int:

@@ -1,16 +1,28 @@
 """The scheduler core: turns the AMs' outstanding asks into grants of specific GPUs. Pure: no clock, no I/O.
 
-A pass walks the apps with outstanding asks in scheduling order and grants every ask that fits, one container
-at a time, updating the cluster's indexes as it goes. The AM chooses servers (its asks name nodes); the
-scheduler only decides who gets what is free, and in which order.
+A pass hands out one container at a time to the neediest queue: from the root down, the child with the lowest
+usage / instantaneous share (ties by path), until a leaf; inside the leaf the first job by its policy (`fifo`:
+submit order; `las`: least attained GPU-seconds first, ties by submit order). After each grant the usages on
+that path change and the order is updated (sorted containers, so the pass never rescans the tree). A job whose
+next ask does not fit is set aside for the rest of the pass.
+
+Limits: a grant may not take a queue (or an ancestor) above `max_gpus`, nor a user above `max_gpus_per_user`.
+Oversubscription: a queue may use idle GPUs beyond its share, except while another queue waits below its
+instantaneous share (no hoarding past the share). A container that takes its queue above its steady share is
+marked preemptible. The AM chooses servers (asks name nodes); the scheduler decides who gets what is free.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from sortedcontainers import SortedList
+
+from gpurm.queues.tree import Policy, QueueDef
 from gpurm.rm.cluster import Cluster, pick_gpus
+from gpurm.rm.queuebook import QueueBook
 
 
 @dataclass
@@ -41,6 +53,8 @@ class App:
     seq: int                      # submission order
     asks: list[Ask] = field(default_factory=list)
     held_gpus: int = 0
+    attained_gpu_s: float = 0.0   # for `las`
+    blocked: str = ""             # why the last pass could not grant its next ask, when the reason is the RM's
 
     @property
     def demand(self) -> int:
@@ -68,33 +82,117 @@ def subtract_grants(asks: list[Ask], grants: Iterable[tuple[str, str, int]]) -> 
     return [a for a in out if a.count > 0]
 
 
-def order_fifo(apps: Iterable[App]) -> list[App]:
-    return sorted(apps, key=lambda a: a.seq)
+def policy_key(policy: Policy) -> Callable[[App], tuple[float, int]]:
+    if policy is Policy.LAS:
+        return lambda a: (a.attained_gpu_s, a.seq)
+    return lambda a: (0.0, a.seq)
 
 
 class Scheduler:
-    """Grants asks against the cluster. `order` decides who goes first (queues refine it)."""
-
-    def __init__(self, cluster: Cluster, order: Callable[[Iterable[App]], list[App]] = order_fifo) -> None:
+    def __init__(self, cluster: Cluster, book: QueueBook) -> None:
         self.cluster = cluster
-        self.order = order
+        self.book = book
 
     def schedule(self, apps: Iterable[App], new_container_id: Callable[[str], str]) -> list[Grant]:
+        tree = self.book.tree
+        capacity = self.cluster.capacity
+        shares = self.book.shares(capacity)
+        by_leaf: dict[str, list[App]] = {}
+        for app in apps:
+            app.blocked = ""
+            if app.asks and app.queue in tree.by_path:
+                by_leaf.setdefault(app.queue, []).append(app)
+        if not by_leaf:
+            return []
+        queues: dict[str, deque[App]] = {}
+        for leaf, members in by_leaf.items():
+            members.sort(key=policy_key(tree.by_path[leaf].effective_policy))
+            queues[leaf] = deque(members)
+        # Leaves that want more than they use while below their share: nobody else may go above theirs.
+        waiting = {q.path for q in tree.leaves
+                   if self.book.demand.get(q.path, 0) > self.book.used.get(q.path, 0)
+                   and self.book.used.get(q.path, 0) < shares.instantaneous.get(q.path, 0)}
+        children: dict[str, SortedList] = {}
+        keys: dict[str, tuple[float, str]] = {}
+
+        inst, used = shares.instantaneous, self.book.used
+
+        def key(path: str) -> tuple[float, str]:
+            # usage / instantaneous share: lower is needier (see QueueBook.ratio)
+            share = inst.get(path, 0)
+            u = used.get(path, 0)
+            return ((u / share) if share > 0 else (float("inf") if u else 1e9), path)
+
+        for leaf in queues:
+            q: QueueDef | None = tree.by_path[leaf]
+            while q is not None and q.parent is not None:
+                parent = q.parent.path
+                siblings = children.setdefault(parent, SortedList())
+                if q.path not in keys:
+                    keys[q.path] = key(q.path)
+                    siblings.add(keys[q.path])
+                q = q.parent
+
+        def reposition(leaf: str) -> None:
+            q = tree.by_path[leaf]
+            while q.parent is not None:
+                if q.path in keys:
+                    siblings = children[q.parent.path]
+                    siblings.discard(keys[q.path])
+                    keys[q.path] = key(q.path)
+                    siblings.add(keys[q.path])
+                q = q.parent
+
+        def retire(leaf: str) -> None:
+            q = tree.by_path[leaf]
+            while q.parent is not None:
+                siblings = children[q.parent.path]
+                siblings.discard(keys.pop(q.path))
+                if siblings:
+                    return
+                q = q.parent
+
         grants: list[Grant] = []
-        for app in self.order([a for a in apps if a.asks]):
-            for ask in app.asks:
-                while ask.count > 0:
-                    grant = self._grant_one(app, ask, new_container_id)
-                    if grant is None:
-                        break
-                    grants.append(grant)
-                    ask.count -= 1
-                    app.held_gpus += ask.gpus
-            app.asks = [a for a in app.asks if a.count > 0]
+        while children.get("root"):
+            path = children["root"][0][1]
+            while path in children:
+                path = children[path][0][1]
+            leaf_q = tree.by_path[path]
+            line = queues[path]
+            app = line[0]
+            grant = self._grant_next(app, leaf_q, waiting, shares.instantaneous, shares.steady, new_container_id)
+            if grant is not None:
+                grants.append(grant)
+                gpus = len(grant.gpu_indices)
+                self.book.charge(path, app.user, gpus)
+                app.held_gpus += gpus
+                if self.book.used[path] >= shares.instantaneous.get(path, 0):
+                    waiting.discard(path)
+                if not app.asks:
+                    line.popleft()
+                reposition(path)
+            else:
+                line.popleft()
+            if not line:
+                retire(path)
         return grants
 
-    def _grant_one(self, app: App, ask: Ask, new_id: Callable[[str], str]) -> Grant | None:
+    def _grant_next(self, app: App, leaf: QueueDef, waiting: set[str], inst: dict[str, int],
+                    steady: dict[str, int], new_id: Callable[[str], str]) -> Grant | None:
+        ask = app.asks[0]
+        limit = self.book.over_cap(leaf, app.user, ask.gpus)
+        if limit:
+            app.blocked = limit
+            return None
+        used_after = self.book.used.get(leaf.path, 0) + ask.gpus
+        if used_after > inst.get(leaf.path, 0) and len(waiting) > (leaf.path in waiting):
+            others = [p for p in sorted(waiting)[:4] if p != leaf.path][:3]
+            app.blocked = (f"queue {leaf.short} would go above its fair share ({inst.get(leaf.path, 0)} GPUs) "
+                           f"while {', '.join(tree_short(p) for p in others)} wait below theirs")
+            return None
         if ask.node_id:
+            if self.cluster.free(ask.node_id) < ask.gpus:
+                return None                    # the usual case on a busy cluster: answered by the index
             node = self.cluster.nodes.get(ask.node_id)
             candidates = [node] if node is not None else []
         else:
@@ -105,5 +203,13 @@ class Scheduler:
                 continue
             cid = new_id(app.job_id)
             self.cluster.allocate(node.node_id, indices, cid)
-            return Grant(app.job_id, cid, node.node_id, indices)
+            ask.count -= 1
+            if ask.count <= 0:
+                app.asks.pop(0)
+            preemptible = leaf.effective_preemptible and used_after > steady.get(leaf.path, 0)
+            return Grant(app.job_id, cid, node.node_id, indices, preemptible)
         return None
+
+
+def tree_short(path: str) -> str:
+    return path.removeprefix("root.")

@@ -92,8 +92,9 @@ class ClientService(pbg.ClientServicer):
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: Ctx
                         ) -> pb.SubmitJobResponse:
         spec = spec_from_proto(request.spec)
+        user = caller(context)
         with self.shell.mutation():
-            job = self.shell.core.submit(spec, caller(context), _now(), request.submit_id[:128])
+            job = self.shell.core.submit(spec, user, _now(), request.submit_id[:128], self.shell.groups_of(user))
         log.info("job %s submitted by %s to %s: %d GPUs", job.job_id, job.user, job.queue, spec.gpus)
         return pb.SubmitJobResponse(job_id=job.job_id, queue=job.queue)
 
@@ -106,13 +107,15 @@ class ClientService(pbg.ClientServicer):
         states = [convert.JOB_STATE_FROM_PB[s] for s in request.states if s in convert.JOB_STATE_FROM_PB]
         limit = min(request.limit, MAX_LIST) if request.limit > 0 else MAX_LIST
         jobs = self.shell.core.list_jobs(states, request.queue, request.user, limit)
-        return pb.ListJobsResponse(jobs=[self.shell.job_pb(j, full=False) for j in jobs])
+        flagged = self.shell.core.preemptible_jobs()
+        return pb.ListJobsResponse(jobs=[self.shell.job_pb(j, full=False, preemptible_jobs=flagged) for j in jobs])
 
     @rpc
     async def KillJob(self, request: pb.KillJobRequest, context: Ctx) -> pb.KillJobResponse:
         user = caller(context)
         with self.shell.mutation():
-            job = self.shell.core.kill(request.job_id, user, request.reason[:500], _now())
+            job = self.shell.core.kill(request.job_id, user, request.reason[:500], _now(), self.shell.groups_of(user),
+                                       rm_admin=user in self.shell.config.admins)
         log.info("job %s killed by %s", job.job_id, user)
         return pb.KillJobResponse(job=self.shell.job_pb(job))
 
@@ -205,7 +208,8 @@ class AMService(pbg.ApplicationMasterServicer):
             result = self.shell.core.allocate(
                 request.job_id, request.am_attempt, request.response_id,
                 [convert.ask_from_pb(a) for a in request.asks], list(request.releases),
-                [convert.attempt_update_from_pb(a) for a in request.attempts], _now())
+                [convert.attempt_update_from_pb(a) for a in request.attempts], _now(),
+                schedule=self.shell.schedule_soon())
         resp = pb.AllocateResponse(
             response_id=result.response_id, grants=[self.shell.grant_pb(g.container_id) for g in result.grants],
             completed=[convert.container_status_to_pb(c) for c in result.completed],

@@ -1,0 +1,190 @@
+"""queues.yaml: loading and validation. A document is accepted whole or rejected with every problem, each naming
+the queue path, the field and the reason. See docs/queues.md for the format."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from gpurm.queues.fields import ConfigError, Problems, Reader, parse_duration
+from gpurm.queues.tree import EVERYONE, Policy, PreemptionSettings, QueueDef, QueueTree
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+_QUEUE_KEYS = ("weight", "min_gpus", "max_gpus", "max_running_jobs", "max_gpus_per_user", "acl", "preemptible",
+               "policy", "queues", "min_share_preemption_timeout", "fair_share_preemption_timeout",
+               "fair_share_preemption_threshold", "preemption_grace")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A YAML loader that notes keys given twice in one mapping (PyYAML silently keeps the last)."""
+
+    duplicates: list[str]
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            loader.duplicates.append(f"line {key_node.start_mark.line + 1}: {key!r} is given twice in the same "
+                                     "mapping (a duplicate queue name or field)")
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    loader = _StrictLoader(text)
+    loader.duplicates = []
+    try:
+        data = loader.get_single_data()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError([f"{source}: not valid YAML{where}: {problem}"]) from None
+    finally:
+        loader.dispose()
+    if loader.duplicates:
+        raise ConfigError([f"{source}: {d}" for d in loader.duplicates])
+    return data
+
+
+def _timeout(r: Reader, key: str, default: float | None) -> float | None:
+    """A preemption timeout: a duration, or `off` / null to never preempt for that reason."""
+    if not r.has(key):
+        r.seen.add(key)
+        return default
+    value = r.raw(key)
+    if value is None or value in ("off", "never", False):
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        r.error(key, f"{exc} (or `off`)")
+        return default
+
+
+def _preemption(r: Reader, inherited: PreemptionSettings) -> PreemptionSettings:
+    threshold = r.number("fair_share_preemption_threshold", inherited.fair_share_threshold, minimum=0.0,
+                         maximum=1.0)
+    return PreemptionSettings(
+        min_share_timeout_s=_timeout(r, "min_share_preemption_timeout", inherited.min_share_timeout_s),
+        fair_share_timeout_s=_timeout(r, "fair_share_preemption_timeout", inherited.fair_share_timeout_s),
+        fair_share_threshold=threshold,
+        grace_s=r.duration("preemption_grace", inherited.grace_s),
+    )
+
+
+def _acl(r: Reader) -> tuple[list[str] | None, list[str] | None]:
+    if not r.has("acl"):
+        r.seen.add("acl")
+        return None, None
+    a = r.section("acl")
+    submit = a.strings("submit") if a.has("submit") else None
+    admin = a.strings("admin") if a.has("admin") else None
+    for label, entries in (("submit", submit), ("admin", admin)):
+        for e in entries or []:
+            if not e or e == "@" or (e != EVERYONE and not re.match(r"^@?[A-Za-z0-9_.-]+\$?$", e)):
+                a.error(label, f"{e!r} is not a user, @group or *")
+    a.reject_unknown()
+    return submit, admin
+
+
+def _queue(name: str, path: str, data: Any, p: Problems, inherited: PreemptionSettings) -> QueueDef:
+    r = Reader(data, path, p)
+    q = QueueDef(name=name, path=path)
+    q.weight = r.number("weight", 1.0, minimum=0.0)
+    q.min_gpus = r.integer("min_gpus", 0, minimum=0)
+    q.max_gpus = r.optional_int("max_gpus", minimum=0)
+    q.max_running_jobs = r.optional_int("max_running_jobs", minimum=0)
+    q.max_gpus_per_user = r.optional_int("max_gpus_per_user", minimum=0)
+    q.submit_acl, q.admin_acl = _acl(r)
+    if r.has("preemptible"):
+        q.preemptible = r.flag("preemptible", True)
+    if r.has("policy"):
+        text = r.text("policy", "fifo")
+        try:
+            q.policy = Policy(text)
+        except ValueError:
+            r.error("policy", f"must be one of fifo, las; got {text!r}")
+    q.preemption = _preemption(r, inherited)
+    if q.max_gpus is not None and q.min_gpus > q.max_gpus:
+        r.error("min_gpus", f"{q.min_gpus} is above max_gpus {q.max_gpus}")
+    children = r.raw("queues")
+    r.reject_unknown(_QUEUE_KEYS)
+    if children is not None:
+        q.children = _children(children, path, p, q.preemption)
+        if not q.children and isinstance(children, dict):
+            p.add(f"{path}.queues", "is empty; remove it to make this a leaf queue")
+    return q
+
+
+def _children(data: Any, parent: str, p: Problems, inherited: PreemptionSettings) -> list[QueueDef]:
+    if not isinstance(data, dict):
+        p.add(f"{parent}.queues", f"expected a mapping of queue names, got {type(data).__name__}")
+        return []
+    out = []
+    for name, body in data.items():
+        path = f"{parent}.{name}"
+        if not isinstance(name, str) or not _NAME.match(name):
+            p.add(path, "queue names use letters, digits, - and _ (no dots)")
+            continue
+        if name == "root":
+            p.add(path, "`root` is the tree's own name; pick another")
+            continue
+        out.append(_queue(name, path, body, p, inherited))
+    return out
+
+
+def _check_tree(tree: QueueTree, p: Problems) -> None:
+    for q in tree.walk():
+        if q.children and q is not tree.root:
+            mins = sum(c.min_gpus for c in q.children)
+            detail = ", ".join(f"{c.name} {c.min_gpus}" for c in q.children if c.min_gpus)
+            if mins > q.min_gpus:
+                p.add(f"{q.path}.min_gpus", f"its children guarantee {mins} GPUs ({detail}) but it guarantees only "
+                                            f"{q.min_gpus}; raise it to at least {mins} or lower theirs")
+            if q.max_gpus is not None and mins > q.max_gpus:
+                p.add(f"{q.path}.max_gpus", f"its children guarantee {mins} GPUs ({detail}), above its max_gpus "
+                                            f"{q.max_gpus}")
+        if q.leaf and q is not tree.root and not q.effective_submit:
+            p.add(f"{q.path}.acl.submit", "nobody may submit to this leaf queue (the ACLs on its path are all "
+                                          "empty); add users, @groups or *")
+        if q.leaf and q.policy is not None and q is tree.root:
+            p.add("policy", "the root has no jobs")
+
+
+def parse_queues(text: str, source: str = "queues.yaml") -> QueueTree:
+    """A validated QueueTree from YAML text, or ConfigError with every problem."""
+    data = load_yaml(text, source)
+    if data is None:
+        raise ConfigError([f"{source}: is empty; a queue config needs `queues:` with at least one queue"])
+    p = Problems()
+    r = Reader(data, "", p)
+    d = r.section("defaults")
+    preemption = _preemption(d, PreemptionSettings())
+    d.reject_unknown()
+    root = QueueDef(name="root", path="root", preemption=preemption)
+    root.submit_acl, root.admin_acl = _acl(r)
+    if r.has("policy"):
+        text_policy = r.text("policy", "fifo")
+        try:
+            root.policy = Policy(text_policy)
+        except ValueError:
+            r.error("policy", f"must be one of fifo, las; got {text_policy!r}")
+    children = r.raw("queues")
+    r.reject_unknown()
+    if not children:
+        p.add("queues", "is required: at least one queue")
+    else:
+        root.children = _children(children, "root", p, preemption)
+    tree = QueueTree(root, preemption, source=text)
+    _check_tree(tree, p)
+    if p.items:
+        raise ConfigError([f"{source}: {item}" for item in p.items])
+    return tree

@@ -1,0 +1,89 @@
+"""The RM's running account of its queues: GPUs used and wanted per queue (kept up to date incrementally),
+fair shares (recomputed only when capacity, the set of active queues or the config changes), starvation timers.
+Pure."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from gpurm.queues.fairshare import Shares, compute_shares
+from gpurm.queues.tree import QueueDef, QueueTree
+
+
+@dataclass
+class Starvation:
+    min_since: float | None = None
+    fair_since: float | None = None
+
+
+class QueueBook:
+    def __init__(self, tree: QueueTree) -> None:
+        self.tree = tree
+        self.used: dict[str, int] = defaultdict(int)          # every queue, ancestors included
+        self.demand: dict[str, int] = defaultdict(int)        # GPUs of unfinished jobs, per queue and ancestor
+        self.user_used: dict[tuple[str, str], int] = defaultdict(int)   # (leaf, user) -> GPUs
+        self.jobs_active: dict[str, int] = defaultdict(int)   # jobs with an AM or GPUs, per queue and ancestor
+        self.starvation: dict[str, Starvation] = defaultdict(Starvation)
+        self._capacity = -1
+        self._active: frozenset[str] = frozenset()
+        self._shares: Shares | None = None
+
+    # -- accounting (the core calls these on every change)
+    def charge(self, leaf: str, user: str, gpus: int) -> None:
+        """GPUs granted (positive) or freed (negative) to a job of `user` in `leaf`."""
+        q = self.tree.by_path.get(leaf)
+        self.user_used[(leaf, user)] += gpus
+        for a in q.ancestry() if q is not None else ():
+            self.used[a.path] += gpus
+
+    def want(self, leaf: str, gpus: int) -> None:
+        """A job of `gpus` GPUs entered (positive) or left (negative) the queue's demand."""
+        q = self.tree.by_path.get(leaf)
+        for a in q.ancestry() if q is not None else ():
+            self.demand[a.path] += gpus
+
+    def activate(self, leaf: str, delta: int) -> None:
+        q = self.tree.by_path.get(leaf)
+        for a in q.ancestry() if q is not None else ():
+            self.jobs_active[a.path] += delta
+
+    # -- shares
+    def shares(self, capacity: int) -> Shares:
+        active = frozenset(q.path for q in self.tree.leaves if self.demand.get(q.path, 0) > 0)
+        if self._shares is None or capacity != self._capacity or active != self._active:
+            self._capacity, self._active = capacity, active
+            leaf_demand = {q.path: self.demand.get(q.path, 0) for q in self.tree.leaves}
+            self._shares = compute_shares(self.tree.share_tree(leaf_demand), capacity)
+        return self._shares
+
+    def invalidate(self) -> None:
+        self._shares = None
+
+    def ratio(self, path: str, capacity: int) -> float:
+        """How served a queue is: GPUs used over its instantaneous share (lower = needier)."""
+        share = self.shares(capacity).instantaneous.get(path, 0)
+        used = self.used.get(path, 0)
+        if share <= 0:
+            return float("inf") if used else 1e9
+        return used / share
+
+    def over_cap(self, leaf: QueueDef, user: str, gpus: int) -> str:
+        """Why granting `gpus` more to a job of `user` in `leaf` would break a limit ("" if it would not)."""
+        for q in leaf.ancestry():
+            if q.max_gpus is not None and self.used.get(q.path, 0) + gpus > q.max_gpus:
+                return f"queue {q.short} is at its max_gpus ({q.max_gpus})"
+        if leaf.max_gpus_per_user is not None and \
+                self.user_used.get((leaf.path, user), 0) + gpus > leaf.max_gpus_per_user:
+            return f"{user} is at max_gpus_per_user ({leaf.max_gpus_per_user}) in {leaf.short}"
+        return ""
+
+    def replace_tree(self, tree: QueueTree) -> None:
+        """Adopt a new config; usage and demand are re-derived by the caller."""
+        self.tree = tree
+        self.used.clear()
+        self.demand.clear()
+        self.user_used.clear()
+        self.jobs_active.clear()
+        self.starvation.clear()
+        self.invalidate()

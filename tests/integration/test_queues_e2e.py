@@ -1,0 +1,133 @@
+"""Hierarchical queues on a real dev cluster: oversubscription, preemption, ACLs, live config."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpurm.proto import gpurm_pb2 as pb
+from tests.integration.harness import DevCluster
+
+TIMEOUT_S, GRACE_S = 4, 2
+QUEUES = f"""
+defaults:
+  fair_share_preemption_timeout: {TIMEOUT_S}s
+  min_share_preemption_timeout: off
+  preemption_grace: {GRACE_S}s
+queues:
+  team-a: {{}}
+  team-b: {{}}
+  prod: {{preemptible: false}}
+  private: {{acl: {{submit: [alice-only]}}}}
+"""
+SLEEP = ["--", "sh", "-c", "sleep 600"]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, mqtt_url: str) -> Iterator[DevCluster]:
+    qfile = tmp_path / "queues.yaml"
+    qfile.write_text(QUEUES)
+    c = DevCluster(tmp_path / "c", nodes=2, racks=1, mqtt_url=mqtt_url, extra=["--queues", str(qfile)])
+    c.queues_file = qfile  # type: ignore[attr-defined]
+    yield c
+    c.stop()
+
+
+def running(c: DevCluster, job_ids: list[str], timeout: float = 30) -> None:
+    for j in job_ids:
+        c.wait_job(j, states=[pb.JOB_RUNNING], timeout=timeout)
+
+
+def queue_row(c: DevCluster, path: str) -> dict[str, object]:
+    rows = c.gpurm("queues", "-o", "json").json()["queues"]
+    return next(r for r in rows if r["path"] == path)  # type: ignore[no-any-return]
+
+
+def test_flood_then_the_other_queue_takes_its_share_back_by_preemption(cluster: DevCluster) -> None:
+    c = cluster
+    a_jobs = [c.submit("--gpus", "4", "--queue", "team-a", *SLEEP) for _ in range(4)]
+    running(c, a_jobs)
+    assert queue_row(c, "root.team-a")["used_gpus"] == 16            # the whole idle cluster: oversubscribed
+    status = c.gpurm("status", a_jobs[-1]).out
+    assert "PREEMPTIBLE (runs beyond" in status                       # beyond its steady share of 8
+    assert "PREEMPTIBLE (runs beyond" not in c.gpurm("status", a_jobs[0]).out
+    assert "*" in c.gpurm("jobs").out
+
+    t0 = time.monotonic()
+    jb = c.submit("--gpus", "8", "--queue", "team-b", "--", "sh", "-c", "sleep 600")
+    c.wait_job(jb, states=[pb.JOB_RUNNING], timeout=TIMEOUT_S + GRACE_S + 25)
+    took = time.monotonic() - t0
+    assert took <= TIMEOUT_S + GRACE_S + 25
+    assert queue_row(c, "root.team-b")["used_gpus"] == 8 and queue_row(c, "root.team-a")["used_gpus"] == 8
+    preempted = [j for j in a_jobs if c.job(j).preemptions]
+    assert len(preempted) == 2 and set(preempted) <= set(a_jobs[2:])  # the two newest only
+    for j in preempted:
+        job = c.job(j)
+        assert job.state in (pb.JOB_ALLOCATING, pb.JOB_QUEUED)        # requeued with the same id
+        assert job.failures == 0                                      # preemption is not a failure
+        assert job.attempts[0].failure == pb.FAILURE_PREEMPTED and not job.attempts[0].counts_as_failure
+        assert "preempted" in c.gpurm("status", j).out
+    for j in (*a_jobs, jb):
+        c.gpurm("kill", j, "--no-wait")
+
+
+def test_a_non_preemptible_queue_is_never_preempted(cluster: DevCluster) -> None:
+    c = cluster
+    p_jobs = [c.submit("--gpus", "8", "--queue", "prod", *SLEEP) for _ in range(2)]
+    running(c, p_jobs)
+    jb = c.submit("--gpus", "8", "--queue", "team-b", *SLEEP)
+    time.sleep(TIMEOUT_S + GRACE_S + 4)
+    assert [c.job(j).preemptions for j in p_jobs] == [0, 0]
+    assert all(c.job(j).state == pb.JOB_RUNNING for j in p_jobs)
+    assert c.job(jb).state != pb.JOB_RUNNING
+    for j in (*p_jobs, jb):
+        c.gpurm("kill", j, "--no-wait")
+
+
+def test_refresh_with_a_bad_file_keeps_the_old_tree(cluster: DevCluster, tmp_path: Path) -> None:
+    c = cluster
+    before = c.gpurm("queues", "-o", "json").json()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("queues:\n  team-a: {weight: -2, colour: blue}\n")
+    r = c.gpurm("admin", "refresh-queues", str(bad))
+    assert r.code == 2 and "root.team-a.weight" in r.err and "root.team-a.colour" in r.err
+    assert c.gpurm("queues", "-o", "json").json() == before
+    # Removing a queue that still has a job is refused too.
+    j = c.submit("--gpus", "1", "--queue", "team-b", *SLEEP)
+    smaller = tmp_path / "smaller.yaml"
+    smaller.write_text("queues:\n  team-a: {}\n")
+    r = c.gpurm("admin", "refresh-queues", str(smaller))
+    assert r.code == 2 and "root.team-b" in r.err and j in r.err
+    c.gpurm("kill", j)
+    good = tmp_path / "good.yaml"
+    good.write_text(QUEUES.replace("team-a: {}", "team-a: {weight: 3}"))
+    r = c.gpurm("admin", "refresh-queues", str(good))
+    assert r.code == 0, r.err
+    assert queue_row(c, "root.team-a")["weight"] == 3
+
+
+def test_sighup_rereads_the_configured_file(cluster: DevCluster) -> None:
+    c = cluster
+    c.queues_file.write_text(QUEUES + "  extra: {weight: 2}\n")  # type: ignore[attr-defined]
+    os.kill(c.info["rm"]["pid"], signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        paths = [q["path"] for q in c.gpurm("queues", "-o", "json").json()["queues"]]
+        if "root.extra" in paths:
+            break
+        time.sleep(0.2)
+    assert "root.extra" in paths
+
+
+def test_a_user_outside_the_submit_acl_is_refused(cluster: DevCluster) -> None:
+    r = cluster.gpurm("submit", "--gpus", "1", "--queue", "private", "--", "true")
+    assert r.code == 2 and "may not submit to private" in r.err and "alice-only" in r.err
+    assert len(r.err.strip().splitlines()) == 1
+    text = cluster.gpurm("queues").out
+    assert text.splitlines()[0].split()[:5] == ["QUEUE", "WEIGHT", "MIN", "MAX", "STEADY"]
+    assert "team-a" in text and "private" in text
