@@ -23,6 +23,7 @@ from gpurm.nodeagent.ports import PortReserver
 from gpurm.nodeagent.records import write_json_atomic
 from gpurm.nodeagent.service import ContainerManagerServicer
 from gpurm.nodeagent.tracker import Registration, Tracker
+from gpurm.rm.netcheck import listen_problem
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,10 @@ async def run_agent(cfg: AgentConfig, *, stop: asyncio.Event | None = None) -> i
     # No SO_REUSEPORT: a second agent on the same port must fail, not silently share it.
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     servicer.add_to_server(server)
+    why = listen_problem(cfg.listen)
+    if why:
+        log.error("agent %s: cannot listen on %s: %s", cfg.node_id, cfg.listen, why)
+        return EXIT_CONFIG
     why = "address in use or not available"
     try:
         port = server.add_insecure_port(cfg.listen)

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_QUEUE = "default"
 PREEMPT_CHECK_S = 1.0     # how often starvation is checked
+RECLAIM_HOLD_S = 60.0     # GPUs freed by preemption count as the beneficiary's until it gets them, this long at most
 
 
 class ErrorCode(enum.Enum):
@@ -206,6 +207,9 @@ class RMCore:
         self.jobs: dict[str, Job] = {}
         self.containers: dict[str, Container] = {}
         self.by_job: dict[str, set[str]] = {}     # job id -> its container ids (an index over containers)
+        # GPUs preemption freed for a queue that it has not been granted yet: (GPUs, until), per queue. They keep
+        # counting as reclaimed, so the queue's starvation is not answered a second time meanwhile.
+        self.reclaimed: dict[str, list[tuple[int, float]]] = {}
         self.apps: dict[str, AppState] = {}
         self._next_preempt_check = 0.0
         self.next_job_seq = 1
@@ -634,6 +638,8 @@ class RMCore:
         job_of = self.jobs.get(c.job_id)
         if c.kind is ContainerKind.LEARNER and job_of is not None:
             self.queues.charge(job_of.queue, job_of.user, -c.gpus)
+        if c.preempted_for:
+            self.reclaimed.setdefault(c.preempted_for, []).append((c.gpus, now + RECLAIM_HOLD_S))
         self._container_changed(c)
         self._stop_sent.pop(c.container_id, None)
         job = self.jobs.get(c.job_id)
@@ -689,10 +695,22 @@ class RMCore:
                 raise RequestError(ErrorCode.FAILED_PRECONDITION, f"job {job_id} is already {job.state.name}")
             held = sum(c.gpus for c in self.job_containers(job_id) if c.kind is ContainerKind.LEARNER)
             app = AppState(App(job.job_id, job.queue, job.user, job.seq, held_gpus=held), am_attempt)
+            # Ends that happened while no AM state existed (an RM restart, an AM restart) are delivered now;
+            # the AM ignores ends it already knows, so repeating one is harmless.
+            app.completed = self._ended_learners(job)
             self.apps[job_id] = app
         return job, app
 
+    def _ended_learners(self, job: Job) -> list[Container]:
+        attempt = job.current_attempt
+        if attempt is None:
+            return []
+        found = (self.containers.get(ln.container_id) for ln in attempt.learners)
+        return [c for c in found if c is not None and not c.phase.live]
+
     def register_am(self, job_id: str, am_attempt: int, now: float) -> tuple[Job, list[Container]]:
+        """Register the job's current AM. Returns the job and its learner containers: those still running (to
+        adopt) and those of the current attempt that ended (so a restarted AM learns how)."""
         job, app = self._app(job_id, am_attempt)
         if job.state.terminal:
             raise RequestError(ErrorCode.FAILED_PRECONDITION, f"job {job_id} is already {job.state.name}")
@@ -701,8 +719,8 @@ class RMCore:
             job.state = JobState.ALLOCATING
         job.waiting_reason = "its AM is planning a placement"
         self._job_changed(job)
-        held = [c for c in self.job_containers(job_id) if c.kind is ContainerKind.LEARNER]
-        return job, held
+        live = [c for c in self.job_containers(job_id) if c.kind is ContainerKind.LEARNER]
+        return job, live + self._ended_learners(job)
 
     def _mark_registered(self, job: Job, app: AppState, now: float) -> None:
         app.registered = True
@@ -823,6 +841,8 @@ class RMCore:
             if app.blocked:
                 self._set_waiting(self.jobs[app.job_id], app.blocked)
         for g in grants:
+            self._consume_reclaimed(self.jobs[g.job_id].queue, len(g.gpu_indices))
+        for g in grants:
             job = self.jobs[g.job_id]
             attempt = job.current_attempt
             c = Container(container_id=g.container_id, job_id=g.job_id, kind=ContainerKind.LEARNER,
@@ -894,6 +914,9 @@ class RMCore:
             if c.phase.live and c.preempt_deadline:
                 reclaiming[c.preempted_for] = reclaiming.get(c.preempted_for, 0) + c.gpus
                 busy.add(c.job_id)
+        for queue, held in list(self.reclaimed.items()):
+            held[:] = [(g, until) for g, until in held if until > now]
+            reclaiming[queue] = reclaiming.get(queue, 0) + sum(g for g, _ in held)
         candidates = []
         for job in self.jobs.values():
             if job.state.terminal or job.job_id in busy:
@@ -930,6 +953,17 @@ class RMCore:
             app.preempt_reason = reason
         job.waiting_reason = reason
         self._job_changed(job)
+
+    def _consume_reclaimed(self, queue: str, gpus: int) -> None:
+        held = self.reclaimed.get(queue)
+        while held and gpus > 0:
+            g, until = held[0]
+            take = min(g, gpus)
+            gpus -= take
+            if take == g:
+                held.pop(0)
+            else:
+                held[0] = (g - take, until)
 
     def _rebuild_queue_book(self) -> None:
         """Derive usage, demand and admissions from the records (after a restore or a config change)."""

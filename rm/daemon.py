@@ -33,6 +33,7 @@ from gpurm.rm.broker import EmbeddedBroker
 from gpurm.rm.config import RMConfig
 from gpurm.rm.core import ErrorCode, JobChanged, LaunchAM, RequestError, RMCore
 from gpurm.rm.model import Container, ContainerKind, Job
+from gpurm.rm.netcheck import listen_problem
 from gpurm.rm.service import AdminService, AMService, ClientService, TrackerService
 from gpurm.rm.store import SqliteStore
 from gpurm.rm.tokens import TokenKey, am_token, load_or_create_key, sign_container
@@ -387,6 +388,9 @@ class RMShell:
 
     async def run(self, stop: asyncio.Event) -> None:
         t0 = time.monotonic()
+        problem = listen_problem(self.config.listen)
+        if problem:
+            raise OSError(f"cannot listen on {self.config.listen}: {problem}")
         snap = self.store.load()
         self.core.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, time.time())
         if not self.mqtt_url:
@@ -396,7 +400,9 @@ class RMShell:
             self.mqtt_url = self.broker.url
         self.publisher = mqtt.Publisher(self.mqtt_url, "rm")
         self.publisher.start()
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 16 * 1024 * 1024)])
+        # No SO_REUSEPORT: a second RM on the same port must fail, not silently share it.
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 16 * 1024 * 1024),
+                                          ("grpc.so_reuseport", 0)])
         pbg.add_ClientServicer_to_server(ClientService(self), server)
         pbg.add_AdminServicer_to_server(AdminService(self), server)
         pbg.add_ApplicationMasterServicer_to_server(AMService(self), server)

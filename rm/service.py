@@ -190,7 +190,7 @@ class AMService(pbg.ApplicationMasterServicer):
             job, held = self.shell.core.register_am(request.job_id, request.am_attempt, _now())
         log.info("AM %d of %s registered from %s", request.am_attempt, job.job_id, request.host)
         return pb.RegisterAMResponse(
-            job=self.shell.job_pb(job), held=[self.shell.grant_pb(c.container_id) for c in held],
+            job=self.shell.job_pb(job), held=[self.shell.grant_pb(c.container_id) for c in held if c.phase.live],
             held_status=[convert.container_status_to_pb(c) for c in held], mqtt_url=self.shell.mqtt_url,
             allocate_interval_ms=round(self.shell.core.settings.allocate_interval_s * 1000),
             view=self.shell.view_pb())

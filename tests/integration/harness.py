@@ -69,7 +69,8 @@ class DevCluster:
 
     @property
     def info(self) -> dict[str, Any]:
-        return json.loads((self.state_dir / "cluster.json").read_text())  # type: ignore[no-any-return]
+        data: dict[str, Any] = json.loads((self.state_dir / "cluster.json").read_text())
+        return data
 
     def agent_pid(self, node_id: str) -> int:
         return next(int(a["pid"]) for a in self.info["agents"] if a["node_id"] == node_id)
@@ -103,6 +104,16 @@ class DevCluster:
         raise TimeoutError(f"{job_id} is {pb.JobState.Name(job.state)} after {timeout}s: {job.waiting_reason} "
                            f"{job.diagnostics}")
 
+    def job_pids(self, job_id: str) -> list[int]:
+        """Live processes of a job on this cluster: members of the process groups its agents recorded."""
+        pgids = set()
+        for record in self.state_dir.glob("agents/*/containers/*/record.json"):
+            with contextlib.suppress(OSError, ValueError):
+                data = json.loads(record.read_text())
+                if data.get("job_id") == job_id and data.get("pgid"):
+                    pgids.add(int(data["pgid"]))
+        return [pid for pid, pgid in process_groups() if pgid in pgids]
+
     def nodes(self) -> list[pb.NodeInfo]:
         return list(self.client.ListNodes(pb.ListNodesRequest(), timeout=10).nodes)
 
@@ -117,6 +128,21 @@ class DevCluster:
                 self.proc.wait()
         self.log.close()
         return self.proc.returncode
+
+
+def process_groups() -> list[tuple[int, int]]:
+    """(pid, process group) of every live, non-zombie process."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            out.append((int(entry.name), int(fields[2])))
+    return out
 
 
 def processes_with_env(key: str, value: str) -> list[int]:

@@ -1,256 +1,219 @@
-"""The agent's RM connection against a stand-in ResourceTracker served over real gRPC on loopback.
+"""The agent's RM connection (registration, heartbeat deltas, stop orders, RM restarts) against the real RM.
 
-`FakeRM` records what the agent sends and lets a test push responses (stop orders, re-register); the other
-agent tests import it.
+Every test runs real processes on loopback: `gpurm rm` (SQLite state dir, real token key, the session's MQTT
+broker), the agent daemon with fake GPUs, the AMs the RM launches through the agent, and their learners. The
+RM's heartbeat interval is 30 s, so anything that reaches the RM within a few seconds went out because something
+changed, not because a timer fired.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import grpc
 import pytest
 
-from gpurm.nodeagent.config import AgentConfig, load_agent_config
-from gpurm.nodeagent.containers import ContainerSupervisor
-from gpurm.nodeagent.fakegpu import FakeGpuProvider
-from gpurm.nodeagent.procgroup import pid_alive
-from gpurm.nodeagent.tracker import Registration, Tracker
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.proto import gpurm_pb2_grpc as pb_grpc
-from gpurm.rm.tokens import TokenKey
+from tests.integration.harness import alive
+from tests.integration.rmproc import USER, AgentProcess, RMProcess, poll, wait_gone
 
-NODE = "node-a"
-WAIT = 10.0
-KEY = TokenKey(3, b"s" * 32)
+INTERVAL_S = 30.0   # the RM's heartbeat interval in this module
+PROMPT_S = 12.0     # "at once": well within one interval, with room for a slow machine
 
 
-class FakeRM(pb_grpc.ResourceTrackerServicer):
-    def __init__(self, key: TokenKey = KEY, *, interval_ms: int = 60_000, mqtt_url: str = "") -> None:
-        self.key = key
-        self.interval_ms = interval_ms
-        self.mqtt_url = mqtt_url
-        self.ack = True
-        self.stop_containers: list[str] = []
-        self.registrations: list[pb.RegisterNodeRequest] = []
-        self.beats: list[pb.NodeHeartbeat] = []
-        self._streams: list[asyncio.Queue[pb.HeartbeatResponse | None]] = []
-        self._changed = asyncio.Condition()
+def node_name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
-    async def RegisterNode(self, request: pb.RegisterNodeRequest, context: Any) -> pb.RegisterNodeResponse:
-        self.registrations.append(request)
-        await self._notify()
-        return pb.RegisterNodeResponse(
-            session=f"s{len(self.registrations)}", heartbeat_interval_ms=self.interval_ms,
-            token_key=self.key.secret, token_key_id=self.key.key_id, mqtt_url=self.mqtt_url,
-            stop_containers=self.stop_containers)
 
-    async def Heartbeat(self, request_iterator: Any, context: Any) -> AsyncIterator[pb.HeartbeatResponse]:
-        queue: asyncio.Queue[pb.HeartbeatResponse | None] = asyncio.Queue()
-        self._streams.append(queue)
+@pytest.fixture(scope="module")
+def rm(tmp_path_factory: pytest.TempPathFactory, mqtt_url: str) -> Iterator[RMProcess]:
+    proc = RMProcess(tmp_path_factory.mktemp("tracker-rm"), mqtt_url, heartbeat=f"{INTERVAL_S:g}s")
+    yield proc
+    assert proc.close() == 0, proc.log_text()
 
-        async def pump() -> None:
-            try:
-                async for beat in request_iterator:
-                    self.beats.append(beat)
-                    await self._notify()
-                    await queue.put(pb.HeartbeatResponse(ack_seq=beat.seq if self.ack else 0,
-                                                         action=pb.HEARTBEAT_OK))
-            finally:
-                await queue.put(None)
 
-        task = asyncio.create_task(pump())
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory, rm: RMProcess) -> Iterator[AgentProcess]:
+    a = AgentProcess(tmp_path_factory.mktemp("tracker-agent"), rm, node_name("trk"),
+                     gpus={"fake": 4, "nvlink_islands": 2}, rack="rack-7", ib_domain="ib-7b")
+    a.start()
+    yield a
+    a.close()
+
+
+def test_registration_puts_the_node_its_topology_and_gpus_in_the_rm(rm: RMProcess, agent: AgentProcess) -> None:
+    node = rm.nodes()[agent.node_id]
+    assert node.state == pb.NODE_RUNNING
+    assert (node.host, node.agent_port) == ("127.0.0.1", agent.port)
+    assert (node.rack, node.ib_domain) == ("rack-7", "ib-7b")
+    assert (node.cpus, node.memory_mib, node.gpus_total) == (8, 64000, 4)
+    assert node.agent_version
+    assert [g.index for g in node.gpus] == [0, 1, 2, 3]
+    assert {g.model for g in node.gpus} == {"H100-80GB"} and all(g.healthy for g in node.gpus)
+    assert len({g.uuid for g in node.gpus}) == 4
+    # Two NVLink islands of consecutive GPUs, as the AMs see them in the cluster view.
+    (view,) = [n for n in rm.view().nodes if n.node_id == agent.node_id]
+    assert [list(i.gpus) for i in view.islands] == [[0, 1], [2, 3]]
+    assert (view.rack, view.ib_domain, view.gpus_total, view.gpus_healthy) == ("rack-7", "ib-7b", 4, 4)
+
+
+def test_a_learner_exit_reaches_the_rm_at_once(rm: RMProcess, agent: AgentProcess) -> None:
+    # The RM launches a real AM on the agent, the AM a real learner. Only the agent can tell the RM that the
+    # learner exited, and only a beat sent on that change can do it in time: the timer would take 30 s.
+    t0 = time.monotonic()
+    job_id = rm.submit("exit 5", max_retries=0)
+    job = rm.wait_job(job_id, timeout=PROMPT_S)
+    elapsed = time.monotonic() - t0
+    assert job.state == pb.JOB_FAILED and job.exit_code == 5, job.diagnostics
+    (learner,) = job.attempts[-1].learners
+    assert learner.node_id == agent.node_id and learner.exit_code == 5
+    assert elapsed < PROMPT_S < INTERVAL_S
+    # The AM's own exit after it finished is a change too: the RM sees the job hold nothing within moments.
+    rm.wait_job(job_id, timeout=PROMPT_S, check=lambda j: j.live_containers == 0)
+    assert agent.processes(GPURM_JOB_ID=job_id) == []
+
+
+def test_the_rm_stops_a_container_it_does_not_know(rm: RMProcess, agent: AgentProcess) -> None:
+    # Started with a token the RM's real key signed, for a job the RM never heard of (as if left over from
+    # before an RM restart): the RM answers the beat that reports it with a stop order.
+    status = agent.start_container("stray-c1", "job-stray", "exec sleep 300", rm.key(), gpu_indices=[3])
+    assert status.state == pb.CONTAINER_RUNNING and status.pid > 0
+    wait_gone([status.pid], PROMPT_S)
+    ended = poll(lambda: next((s for s in agent.manager.GetContainerStatus(
+        pb.ContainerStatusRequest(container_ids=["stray-c1"]), timeout=10).statuses
+        if s.state == pb.CONTAINER_EXITED), None), PROMPT_S, "stray-c1 is not reported EXITED by its agent")
+    assert ended.stopped and ended.signal == signal.SIGTERM
+    assert "the RM does not know this container" in ended.diagnostics
+    # It never became the RM's business: no GPU of the node is held.
+    assert rm.nodes()[agent.node_id].gpus_free == 4
+
+
+def test_a_kill_is_pushed_to_the_agent_without_waiting_for_a_beat(rm: RMProcess, agent: AgentProcess) -> None:
+    job_id = rm.submit("exec sleep 300", max_retries=0)
+    learner = rm.learner(job_id)
+    pids = agent.processes(GPURM_JOB_ID=job_id)
+    assert learner.pid in pids and len(pids) == 2          # the AM and its learner
+    t0 = time.monotonic()
+    rm.kill_job(job_id)
+    # The stop orders go down the open heartbeat stream now, and the ends come back on change.
+    wait_gone(pids, PROMPT_S)
+    job = rm.wait_job(job_id, [pb.JOB_KILLED], timeout=PROMPT_S, check=lambda j: j.live_containers == 0)
+    assert time.monotonic() - t0 < PROMPT_S
+    (ended,) = job.attempts[-1].learners
+    assert ended.signal == signal.SIGTERM
+    assert rm.nodes()[agent.node_id].gpus_free == 4
+    # The RM's own order stopped it (its AM, told of the kill on its next Allocate, would have come later).
+    record = json.loads((agent.state / "containers" / learner.container_id / "record.json").read_text())
+    assert record["stopped"] and record["stop_reason"] == f"killed by {USER}: test cleanup"
+
+
+def test_a_node_the_rm_declared_lost_registers_again_when_told(tmp_path: Path, mqtt_url: str) -> None:
+    # A short expiry: a frozen agent (SIGSTOP) misses its beats and the RM marks the node LOST; its first beat
+    # after SIGCONT carries a session the RM has dropped, the RM answers REREGISTER, the agent registers again.
+    rm = RMProcess(tmp_path / "rm", mqtt_url, heartbeat="300ms", missed_beats=3)
+    agent = AgentProcess(tmp_path / "agent", rm, node_name("lst"))
+    try:
+        agent.start()
+        assert agent.proc is not None
+        agent.proc.send_signal(signal.SIGSTOP)
         try:
-            while (response := await queue.get()) is not None:
-                yield response
+            lost = rm.wait_node(agent.node_id, pb.NODE_LOST, timeout=PROMPT_S)
+            assert lost.gpus_free == 0 and "missed 3 heartbeats" in lost.health_report
         finally:
-            task.cancel()
-            self._streams.remove(queue)
-
-    async def push(self, response: pb.HeartbeatResponse) -> None:
-        """Send a response on every open heartbeat stream, unprompted."""
-        for queue in self._streams:
-            await queue.put(response)
-
-    async def wait_for(self, predicate: Callable[[], bool], timeout: float = WAIT) -> None:
-        async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(predicate), timeout)
-
-    def statuses(self, cid: str) -> list[pb.ContainerStatus]:
-        """Every status of `cid` that reached this RM, registrations and beats in order of arrival."""
-        out = [s for r in self.registrations for s in r.containers if s.container_id == cid]
-        return out + [s for b in self.beats for s in b.containers if s.container_id == cid]
-
-    def reported_ended(self, cid: str) -> bool:
-        return any(s.state == pb.CONTAINER_EXITED for s in self.statuses(cid))
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+            agent.proc.send_signal(signal.SIGCONT)
+        node = rm.wait_node(agent.node_id, timeout=PROMPT_S)
+        assert (node.agent_port, node.gpus_free) == (agent.port, 2)
+        assert "the RM asked this agent to register again" in agent.log_text()
+    finally:
+        agent.close()
+        assert rm.close() == 0, rm.log_text()
 
 
-async def serve_rm(rm: FakeRM, port: int = 0) -> tuple[grpc.aio.Server, int]:
-    server = grpc.aio.server()
-    pb_grpc.add_ResourceTrackerServicer_to_server(rm, server)
-    bound = server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    return server, bound
-
-
-async def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> None:
-    async def poll() -> None:
-        while not predicate():
-            await asyncio.sleep(0.01)
-    await asyncio.wait_for(poll(), timeout)
-
-
-def agent_config(tmp_path: Path, rm_port: int) -> AgentConfig:
-    return load_agent_config(None, {
-        "node_id": NODE, "rm": f"127.0.0.1:{rm_port}", "rack": "r1", "ib_domain": "ib1", "cpus": 8,
-        "memory_mib": 64000, "listen": "127.0.0.1:0", "state_dir": str(tmp_path / "state"),
-        "gpus": {"fake": 2}, "containers": {"stop_grace": "2s"}}, environ={})
-
-
-class Harness:
-    def __init__(self, tmp_path: Path, rm: FakeRM, server: grpc.aio.Server, port: int) -> None:
-        self.rm, self.server, self.port = rm, server, port
-        self.cfg = agent_config(tmp_path, port)
-        self.sup = ContainerSupervisor(NODE, self.cfg.state_dir, stop_grace_s=2.0)
-        self.gpus = FakeGpuProvider(2, "H100-80GB", 81559, 1, NODE).discover()
-        self.regs: list[Registration] = []
-        self.tracker = Tracker(self.cfg, self.sup, self.gpus, agent_port=12345,
-                               on_registered=self.regs.append)
-        self.task: asyncio.Task[None] | None = None
-
-    def run(self) -> None:
-        self.task = asyncio.create_task(self.tracker.run())
-
-    async def start(self, cid: str, *argv: str, gpus: tuple[int, ...] = ()) -> int:
-        rec = await self.sup.start(cid, "job-1", pb.CONTAINER_LEARNER, list(argv or ("sleep", "300")), {}, "",
-                                   list(gpus), 1, "alice")
-        return rec.pid
+# ---------------------------------------------------------------- an RM that crashes and comes back
 
 
 @pytest.fixture
-async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
-    rm = FakeRM()
-    server, port = await serve_rm(rm)
-    h = Harness(tmp_path, rm, server, port)
+def crashing_rm(tmp_path: Path, mqtt_url: str) -> Iterator[RMProcess]:
+    proc = RMProcess(tmp_path / "rm", mqtt_url, heartbeat=f"{INTERVAL_S:g}s")
+    yield proc
+    assert proc.close() == 0, proc.log_text()
+
+
+@pytest.fixture
+def crash_agent(tmp_path: Path, crashing_rm: RMProcess) -> Iterator[AgentProcess]:
+    a = AgentProcess(tmp_path / "agent", crashing_rm, node_name("rst"))
+    a.start()
+    yield a
+    a.close()
+
+
+def gated(gate: Path, code: int) -> str:
+    """A learner that exits `code` once the test creates `gate`: it ends exactly when the test says."""
+    return f"while [ ! -e {gate} ]; do sleep 0.05; done; exit {code}"
+
+
+def test_an_rm_restart_loses_nothing_the_agent_knows(crashing_rm: RMProcess, crash_agent: AgentProcess,
+                                                     tmp_path: Path) -> None:
+    rm, agent = crashing_rm, crash_agent
+    kept_id = rm.submit("exec sleep 600", max_retries=0)
+    kept = rm.learner(kept_id)
+    gate = tmp_path / "go"
+    ends_id = rm.submit(gated(gate, 7), max_retries=0)
+    ends = rm.learner(ends_id)
+    assert (kept.node_id, ends.node_id) == (agent.node_id, agent.node_id)
+
+    rm.kill()                       # SIGKILL: no goodbye to anyone
+    gate.touch()
+    wait_gone([ends.pid])           # the agent saw the exit; the RM it must tell is gone
+    rm.start()                      # same port, same state dir
+
+    # The agent registers again and reports the exit it saw while the RM was down: the new RM records it
+    # and frees that GPU. Only the agent could tell it: the RM was not running when the learner ended.
+    def ended_learner() -> pb.Learner | None:
+        (ln,) = rm.job(ends_id).attempts[-1].learners
+        return ln if ln.state == pb.CONTAINER_EXITED else None
+
+    ln = poll(ended_learner, PROMPT_S, lambda: f"the new RM has {rm.job(ends_id)}")
+    assert ln.exit_code == 7 and ln.pid == ends.pid
+    # Its AM (which rode out the restart) learns of it from the new RM and ends the job with the exit code.
+    job = rm.wait_job(ends_id, timeout=PROMPT_S)
+    assert job.state == pb.JOB_FAILED and job.exit_code == 7, job.diagnostics
+    node = rm.wait_node(agent.node_id, check=lambda n: n.gpus_free == 1)
+    assert node.agent_port == agent.port
+    # The long learner ran on, untouched, and the new RM still knows it runs and holds its GPU.
+    assert alive(kept.pid)
+    assert [(a.gpu_index, a.job_id) for a in node.assignments] == [(kept.gpu_indices[0], kept_id)]
+    job = rm.job(kept_id)
+    assert job.state == pb.JOB_RUNNING
+    assert [(x.pid, x.state) for x in job.attempts[-1].learners] == [(kept.pid, pb.CONTAINER_RUNNING)]
+    # ... and can still stop it: the stream to the agent works again.
+    rm.kill_job(kept_id)
+    wait_gone([kept.pid], PROMPT_S)
+
+
+def test_an_exit_reported_before_the_am_is_back_still_ends_the_job(crashing_rm: RMProcess, crash_agent: AgentProcess,
+                                                         tmp_path: Path) -> None:
+    rm, agent = crashing_rm, crash_agent
+    gate = tmp_path / "go"
+    job_id = rm.submit(gated(gate, 7), max_retries=0)
+    learner = rm.learner(job_id)
+    (am,) = agent.processes(GPURM_CONTAINER_ID=f"{job_id}-am1")
+    # The AM reaches the new RM only after the agent has registered again and reported the exit: one order
+    # the race between the two can take, made certain here (a frozen AM). The new RM has no state for the AM
+    # when the end arrives, yet must hand it over at the AM's first Allocate.
+    os.kill(am, signal.SIGSTOP)
     try:
-        yield h
+        rm.kill()
+        gate.touch()
+        wait_gone([learner.pid])
+        rm.start()
+        rm.wait_node(agent.node_id, check=lambda n: n.gpus_free == 2)   # the agent reported the exit
     finally:
-        if h.task is not None:
-            h.task.cancel()
-            await asyncio.gather(h.task, return_exceptions=True)
-        await h.tracker.close()
-        await h.sup.stop_all(0.5)
-        await h.sup.close()
-        await h.server.stop(None)
-
-
-async def test_registration_reports_the_node_and_its_containers(harness: Harness) -> None:
-    pid = await harness.start("c-early", gpus=(1,))
-    harness.run()
-    await harness.rm.wait_for(lambda: len(harness.rm.registrations) == 1)
-    req = harness.rm.registrations[0]
-    assert (req.node_id, req.host, req.agent_port) == (NODE, "127.0.0.1", 12345)
-    assert (req.rack, req.ib_domain) == ("r1", "ib1")
-    assert (req.cpus, req.memory_mib, req.healthy, req.agent_version) == (8, 64000, True, "0.1.0")
-    assert len(req.agent_instance) == 32
-    assert [g.index for g in req.gpus] == [0, 1]
-    assert req.gpus[0].links[0].level == pb.LINK_NVLINK
-    assert [(s.container_id, s.state, s.pid, list(s.gpu_indices)) for s in req.containers] == [
-        ("c-early", pb.CONTAINER_RUNNING, pid, [1])]
-    await wait_until(lambda: bool(harness.regs))
-    assert harness.regs[0].token_key == KEY and harness.regs[0].session == "s1"
-    await harness.rm.wait_for(lambda: bool(harness.rm.beats))
-    first = harness.rm.beats[0]
-    assert (first.node_id, first.session, first.healthy) == (NODE, "s1", True)
-
-
-async def test_changes_go_out_at_once_and_are_forgotten_after_ack(harness: Harness) -> None:
-    harness.run()  # the heartbeat interval is 60 s: only an immediate beat can report in time
-    await harness.rm.wait_for(lambda: bool(harness.rm.beats))
-    await harness.start("c-quick", "/bin/sh", "-c", "exit 4")
-    await harness.rm.wait_for(lambda: harness.rm.reported_ended("c-quick"))
-    ended = [s for s in harness.rm.statuses("c-quick") if s.state == pb.CONTAINER_EXITED][-1]
-    assert ended.exit_code == 4 and ended.node_id == NODE
-    await wait_until(lambda: harness.sup.record("c-quick") is None)
-    assert harness.tracker.pending == []
-    seqs = [b.seq for b in harness.rm.beats]
-    assert seqs == sorted(set(seqs))
-
-
-async def test_unacknowledged_changes_are_resent_until_acked(harness: Harness) -> None:
-    harness.rm.ack = False
-    harness.rm.interval_ms = 50
-    harness.run()
-    await harness.rm.wait_for(lambda: bool(harness.rm.beats))  # registered before the container exists
-    await harness.start("c-unacked", "/bin/true")
-    await harness.rm.wait_for(lambda: sum(s.state == pb.CONTAINER_EXITED
-                                          for s in harness.rm.statuses("c-unacked")) >= 3)
-    assert harness.tracker.pending == ["c-unacked"]
-    assert harness.sup.record("c-unacked") is not None  # not forgotten while the RM owes an ack
-    harness.rm.ack = True
-    await wait_until(lambda: harness.sup.record("c-unacked") is None)
-
-
-async def test_stop_orders(harness: Harness) -> None:
-    doomed = await harness.start("c-doomed")
-    harness.rm.stop_containers = ["c-doomed"]  # "I do not know this one"
-    harness.run()
-    ordered = await harness.start("c-ordered", gpus=(0,))
-    await harness.rm.wait_for(lambda: harness.rm.reported_ended("c-doomed"))
-    assert not pid_alive(doomed)
-    await harness.rm.push(pb.HeartbeatResponse(stop=[pb.StopOrder(container_id="c-ordered", grace_ms=500,
-                                                                  reason="preempted")]))
-    await harness.rm.wait_for(lambda: harness.rm.reported_ended("c-ordered"))
-    final = harness.rm.statuses("c-ordered")[-1]
-    assert final.stopped and final.signal == 15 and "preempted" in final.diagnostics
-    assert not pid_alive(ordered)
-
-
-async def test_reregister_when_asked(harness: Harness) -> None:
-    harness.run()
-    await harness.start("c-live")
-    await harness.rm.wait_for(lambda: bool(harness.rm.beats))  # the stream is open
-    await harness.rm.push(pb.HeartbeatResponse(action=pb.HEARTBEAT_REREGISTER))
-    await harness.rm.wait_for(lambda: len(harness.rm.registrations) == 2)
-    assert [s.container_id for s in harness.rm.registrations[1].containers] == ["c-live"]
-    await harness.rm.wait_for(lambda: any(b.session == "s2" for b in harness.rm.beats))
-    assert harness.rm.registrations[0].agent_instance == harness.rm.registrations[1].agent_instance
-
-
-async def test_survives_an_rm_restart(harness: Harness) -> None:
-    harness.run()
-    kept = await harness.start("c-kept", gpus=(0,))
-    ends = await harness.start("c-ends", gpus=(1,))
-    await harness.rm.wait_for(lambda: bool(harness.rm.beats))  # registered, and the stream is open
-    await wait_until(lambda: harness.tracker.pending == [])
-    await harness.server.stop(None)  # the RM goes away ...
-    await wait_until(lambda: not harness.tracker.registered.is_set())
-    await harness.sup.stop("c-ends", 1.0, "ended while the RM was down")
-    assert not pid_alive(ends)
-    assert harness.tracker.pending == ["c-ends"]
-    rm2 = FakeRM()
-    harness.server, _ = await serve_rm(rm2, harness.port)  # ... and comes back on its address
-    harness.rm = rm2
-    await rm2.wait_for(lambda: len(rm2.registrations) >= 1)
-    reported = {s.container_id: s for s in rm2.registrations[0].containers}
-    assert reported["c-kept"].state == pb.CONTAINER_RUNNING and reported["c-kept"].pid == kept
-    assert reported["c-ends"].state == pb.CONTAINER_EXITED and reported["c-ends"].stopped
-    assert pid_alive(kept)
-    await wait_until(lambda: harness.sup.record("c-ends") is None)  # the registration acknowledged it
-    await rm2.wait_for(lambda: bool(rm2.beats))
-
-
-async def test_flush_waits_for_the_ack(harness: Harness) -> None:
-    harness.run()
-    await harness.rm.wait_for(lambda: bool(harness.rm.beats))
-    await harness.start("c-flush")
-    await harness.sup.stop("c-flush", 1.0)
-    assert await harness.tracker.flush(WAIT)
-    assert harness.rm.statuses("c-flush")[-1].state == pb.CONTAINER_EXITED
+        os.kill(am, signal.SIGCONT)
+    job = rm.wait_job(job_id, timeout=PROMPT_S)
+    assert job.state == pb.JOB_FAILED and job.exit_code == 7, job.diagnostics

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpurm.proto import gpurm_pb2 as pb
-from tests.integration.harness import ROOT, DevCluster, alive, processes_with_env
+from tests.integration.harness import ROOT, DevCluster, alive
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +69,9 @@ def test_kill_leaves_no_process_behind(cluster: DevCluster) -> None:
     job_id = cluster.submit("--gpus", "2", "--", "sh", "-c", "sleep 600 & sleep 600")
     cluster.wait_job(job_id, states=[pb.JOB_RUNNING])
     deadline = time.monotonic() + 10
-    while len(processes_with_env("GPURM_JOB_ID", job_id)) < 4 and time.monotonic() < deadline:   # AM, sh, 2 sleeps
+    while len(cluster.job_pids(job_id)) < 4 and time.monotonic() < deadline:   # AM, sh, 2 sleeps
         time.sleep(0.1)
-    pids = processes_with_env("GPURM_JOB_ID", job_id)
+    pids = cluster.job_pids(job_id)
     learner_pid = cluster.job(job_id).attempts[-1].learners[0].pid
     assert learner_pid in pids and len(pids) >= 4
     r = cluster.gpurm("kill", job_id)
@@ -170,7 +170,7 @@ def test_sigterm_to_the_dev_cluster_leaves_no_orphan(tmp_path: Path, mqtt_url: s
     c.wait_job(job_id, states=[pb.JOB_RUNNING])
     daemons = [c.info["rm"]["pid"], *(a["pid"] for a in c.info["agents"])]
     time.sleep(0.5)
-    job_pids = processes_with_env("GPURM_JOB_ID", job_id)
-    assert job_pids
+    job_pids = c.job_pids(job_id)
+    assert len(job_pids) >= 4
     assert c.stop() == 0
     assert [p for p in [*daemons, *job_pids] if alive(p)] == []

@@ -262,3 +262,29 @@ def test_usage_survives_restore() -> None:
     assert core2.queues.used["root.a"] == 8 and core2.queues.demand["root.a"] == 8
     assert core2.queues.jobs_active["root.a"] == 1
     assert all(c.phase is not ContainerPhase.COMPLETED for c in core2.containers.values())
+
+
+def test_freed_gpus_count_for_the_starving_queue_until_it_gets_them() -> None:
+    # b wants 8 of its share of 16; a holds all 32 in 4-GPU jobs, so a keeps room above its share after
+    # the first preemption. Until b is granted the freed GPUs, they must not be reclaimed a second time.
+    rig = Rig("defaults: {fair_share_preemption_timeout: 10s, min_share_preemption_timeout: off, "
+              "preemption_grace: 5s}\nqueues:\n  a: {}\n  b: {}\n")
+    a_jobs = flood(rig, "a", 8, 4)
+    jb = rig.job("b", 8)
+    rig.ask(jb, [Ask(gpus=4, count=2)], schedule=False)
+    rig.core.tick(rig.now)
+    rig.now += 10
+    rig.core.tick(rig.now)
+    first = {c.job_id for c in rig.core.containers.values() if c.preempt_deadline}
+    assert first == set(a_jobs[-2:])
+    rig.now += 6
+    rig.core.tick(rig.now)
+    for n in list(rig.core.stops):
+        for o in rig.core.take_stops(n, rig.now):
+            rig.end(o.container_id)                   # the victims are gone; b has not been granted yet
+    for _ in range(3):
+        rig.now += 11
+        rig.core.tick(rig.now)
+    again = {c.job_id for c in rig.core.containers.values() if c.preempt_deadline} - first
+    assert again == set()
+    assert len(rig.ask(jb, [Ask(gpus=4, count=2)])) == 2

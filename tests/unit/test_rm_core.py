@@ -231,3 +231,21 @@ def test_restore_from_the_store_keeps_jobs_allocations_and_counters() -> None:
     assert any(isinstance(e, JobChanged) for e in again.take_outbox())
     # Restored nodes must re-register: their old sessions are unknown.
     assert again.node_heartbeat("n2", "s2", [], 101.0) is HeartbeatAction.REREGISTER
+
+
+def test_an_end_reported_before_the_am_returns_after_a_restart_is_delivered() -> None:
+    core = cluster(1)
+    job = started_job(core, gpus=4)
+    (g,) = core.allocate(job, 1, 0, [Ask(gpus=4, node_id="n1")], [], [], 2.0).grants
+    core.node_heartbeat("n1", "s1", [running(g.container_id)], 2.1)
+    core.allocate(job, 1, 1, [], [], [AttemptUpdate(1, JobState.RUNNING,
+                                                    learners=[Learner(0, "n1", [0, 1, 2, 3], g.container_id)])], 2.2)
+    store = MemoryStore()
+    store.save(core.jobs.values(), core.containers.values(), core.cluster.nodes.values(), core.meta())
+    snap = store.load()
+    again = RMCore()
+    again.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, now=10.0)
+    # The agent re-registers first, carrying the learner's end; the AM has not called the new RM yet.
+    again.register_node(reg("n1", containers=[exited(g.container_id, 7), running(f"{job}-am1")]), "s1b", 10.5)
+    r = again.allocate(job, 1, 2, [], [], [], 11.0)
+    assert [(c.container_id, c.exit.exit_code) for c in r.completed] == [(g.container_id, 7)]

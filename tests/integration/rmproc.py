@@ -1,0 +1,304 @@
+"""Real daemons for the agent's integration tests: `gpurm rm` and `python -m gpurm.nodeagent` as child processes.
+
+Nothing here stands in for a part: `RMProcess` runs the real RM (its own state dir, SQLite store and token key,
+a real MQTT broker) on a free loopback port and talks to it over its real gRPC services; `AgentProcess` runs the
+real agent (fake GPUs: the one allowed fake) against it. Waits are polls with a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import yaml
+
+from gpurm.proto import gpurm_pb2 as pb
+from gpurm.proto import gpurm_pb2_grpc as pbg
+from gpurm.rm.service import USER_KEY
+from gpurm.rm.tokens import TokenKey, load_or_create_key, sign_container
+from tests.conftest import free_port
+from tests.integration.harness import ROOT, alive, processes_with_env
+
+T = TypeVar("T")
+TERMINAL = (pb.JOB_SUCCEEDED, pb.JOB_FAILED, pb.JOB_KILLED)
+USER = getpass.getuser()
+WAIT = 20.0
+
+
+def poll(what: Callable[[], T | None], timeout: float, describe: Callable[[], str] | str,
+         every: float = 0.05) -> T:
+    """`what()` once it returns something other than None or False, else TimeoutError saying what was awaited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = what()
+        if value is not None and value is not False:
+            return value
+        if time.monotonic() > deadline:
+            text = describe() if callable(describe) else describe
+            raise TimeoutError(f"after {timeout:g}s: {text}")
+        time.sleep(every)
+
+
+def wait_gone(pids: Iterable[int], timeout: float = WAIT) -> None:
+    pids = list(pids)
+    poll(lambda: not any(alive(p) for p in pids), timeout,
+         lambda: f"processes still alive: {[p for p in pids if alive(p)]}")
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL a container's process group (a container leads its own session: its pgid is its pid)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+
+
+class RMProcess:
+    """`python -m gpurm.cli.main rm --config FILE` on a free loopback port; `restart()` keeps port and state."""
+
+    def __init__(self, workdir: Path, mqtt_url: str, *, heartbeat: str = "30s", missed_beats: int = 10,
+                 **settings: Any) -> None:
+        self.workdir = workdir
+        self.state_dir = workdir / "rm-state"
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.config = workdir / "rm.yaml"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.config.write_text(yaml.safe_dump({
+            "listen": self.address, "state_dir": str(self.state_dir), "mqtt": {"url": mqtt_url},
+            "admins": [USER], "heartbeat": {"interval": heartbeat, "missed_beats": missed_beats}, **settings}))
+        self.log_path = workdir / "rm.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.channel = grpc.insecure_channel(self.address)
+        self.client = pbg.ClientStub(self.channel)
+        self.admin = pbg.AdminStub(self.channel)
+        self.metadata = ((USER_KEY, USER),)
+        self.start()
+
+    # ------------------------------------------------------------ the process
+
+    def start(self, timeout: float = 30.0) -> None:
+        pidfile = self.state_dir / "rm.json"
+        with contextlib.suppress(FileNotFoundError):
+            pidfile.unlink()  # a SIGKILLed RM leaves its own behind
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gpurm.cli.main", "rm", "--config", str(self.config)],
+                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = self.proc
+
+        def serving() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the RM exited with {proc.returncode}:\n{self.log_text()}")
+            try:
+                info = json.loads(pidfile.read_text())
+            except (OSError, ValueError):
+                return False
+            if info.get("pid") != proc.pid:
+                return False
+            with contextlib.suppress(grpc.RpcError):
+                self.client.GetClusterInfo(pb.ClusterInfoRequest(), timeout=2)
+                return True
+            return False
+
+        poll(serving, timeout, lambda: f"the RM does not serve on {self.address}:\n{self.log_text()}")
+
+    def kill(self) -> None:
+        """SIGKILL: the RM gets no chance to do anything more."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def close(self) -> int:
+        code = self.stop()
+        self.channel.close()
+        return code
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def key(self) -> TokenKey:
+        """The RM's real container-token key, from its state dir (it exists once the RM has started)."""
+        path = self.state_dir / "token.key"
+        assert path.exists(), "the RM has not written its key yet"
+        return load_or_create_key(path)
+
+    # ------------------------------------------------------------ the Client and Admin services
+
+    def nodes(self) -> dict[str, pb.NodeInfo]:
+        return {n.node_id: n for n in self.client.ListNodes(pb.ListNodesRequest(), timeout=10).nodes}
+
+    def view(self) -> pb.ClusterView:
+        view: pb.ClusterView = self.client.GetClusterView(pb.GetClusterViewRequest(), timeout=10)
+        return view
+
+    def wait_node(self, node_id: str, state: int = pb.NODE_RUNNING, timeout: float = WAIT,
+                  check: Callable[[pb.NodeInfo], bool] = lambda n: True) -> pb.NodeInfo:
+        def ready() -> pb.NodeInfo | None:
+            node = self.nodes().get(node_id)
+            return node if node is not None and node.state == state and check(node) else None
+
+        def describe() -> str:
+            node = self.nodes().get(node_id)
+            got = pb.NodeState.Name(node.state) if node is not None else "unknown to the RM"
+            return f"node {node_id} is {got}, not {pb.NodeState.Name(state)}"
+
+        return poll(ready, timeout, describe)
+
+    def drain(self, node_id: str) -> None:
+        """Offer nothing more on a node whose agent is gone, so no later AM is sent there."""
+        with contextlib.suppress(grpc.RpcError):
+            self.admin.DrainNode(pb.DrainNodeRequest(node_id=node_id), metadata=self.metadata, timeout=10)
+
+    def submit(self, command: str, gpus: int = 1, max_retries: int = 0) -> str:
+        spec = pb.JobSpec(name="agent-test", gpus=gpus, command=["/bin/sh", "-c", command],
+                          max_retries=max_retries)
+        reply = self.client.SubmitJob(pb.SubmitJobRequest(spec=spec, submit_id=uuid.uuid4().hex),
+                                      metadata=self.metadata, timeout=10)
+        return str(reply.job_id)
+
+    def kill_job(self, job_id: str) -> None:
+        self.client.KillJob(pb.KillJobRequest(job_id=job_id, reason="test cleanup"), metadata=self.metadata,
+                            timeout=10)
+
+    def job(self, job_id: str) -> pb.Job:
+        job: pb.Job = self.client.GetJob(pb.GetJobRequest(job_id=job_id), timeout=10)
+        return job
+
+    def wait_job(self, job_id: str, states: Iterable[int] = TERMINAL, timeout: float = WAIT,
+                 check: Callable[[pb.Job], bool] = lambda j: True) -> pb.Job:
+        wanted = set(states)
+
+        def done() -> pb.Job | None:
+            job = self.job(job_id)
+            return job if job.state in wanted and check(job) else None
+
+        def describe() -> str:
+            job = self.job(job_id)
+            return (f"{job_id} is {pb.JobState.Name(job.state)} ({job.waiting_reason} {job.diagnostics}); "
+                    f"wanted {[pb.JobState.Name(s) for s in wanted]}")
+
+        return poll(done, timeout, describe)
+
+    def learner(self, job_id: str) -> pb.Learner:
+        """The only learner of a running one-GPU job, once the RM knows its pid."""
+        job = self.wait_job(job_id, [pb.JOB_RUNNING],
+                            check=lambda j: bool(j.attempts and j.attempts[-1].learners
+                                                 and j.attempts[-1].learners[0].pid))
+        (learner,) = job.attempts[-1].learners
+        return learner
+
+
+class AgentProcess:
+    """`python -m gpurm.nodeagent --config FILE` with fake GPUs, pointing at a real RM."""
+
+    def __init__(self, workdir: Path, rm: RMProcess, node_id: str, *, gpus: dict[str, Any] | None = None,
+                 containers: dict[str, Any] | None = None, rack: str = "rack-1", ib_domain: str = "ib-1") -> None:
+        self.workdir = workdir
+        self.rm = rm
+        self.node_id = node_id
+        self.state = workdir / "agent-state"
+        self.config = workdir / "agent.yaml"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.config.write_text(yaml.safe_dump({
+            "node_id": node_id, "listen": "127.0.0.1:0", "rm": rm.address, "rack": rack, "ib_domain": ib_domain,
+            "cpus": 8, "memory_mib": 64000, "state_dir": str(self.state), "gpus": gpus or {"fake": 2},
+            "containers": {"stop_grace": "2s", **(containers or {})}}))
+        self.log_path = workdir / "agent.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.channel: grpc.Channel | None = None
+
+    def start(self, timeout: float = WAIT) -> pb.NodeInfo:
+        """Start the agent; return the node as the RM lists it once it has registered."""
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "gpurm.nodeagent", "--config", str(self.config)],
+                                         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = self.proc
+
+        def serving() -> dict[str, Any] | None:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the agent exited with {proc.returncode}:\n{self.log_text()}")
+            with contextlib.suppress(OSError, ValueError):
+                info: dict[str, Any] = json.loads((self.state / "agent.json").read_text())
+                if info.get("pid") == proc.pid:
+                    return info
+            return None
+
+        info = poll(serving, timeout, lambda: f"agent {self.node_id} did not write agent.json:\n{self.log_text()}")
+        self.port = int(info["port"])
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        return self.rm.wait_node(self.node_id, timeout=timeout, check=lambda n: n.agent_port == self.port)
+
+    @property
+    def manager(self) -> pbg.ContainerManagerStub:
+        assert self.channel is not None
+        return pbg.ContainerManagerStub(self.channel)
+
+    def start_container(self, container_id: str, job_id: str, script: str, key: TokenKey,
+                        gpu_indices: Iterable[int] = ()) -> pb.ContainerStatus:
+        """StartContainer on this agent, as an AM would, with a token signed by `key`."""
+        payload = pb.ContainerTokenPayload(
+            container_id=container_id, job_id=job_id, node_id=self.node_id, gpu_indices=list(gpu_indices),
+            kind=pb.CONTAINER_LEARNER, user=USER, expiry_ms=int(time.time() * 1000) + 60_000, attempt=1)
+        reply = self.manager.StartContainer(pb.StartContainerRequest(
+            token=sign_container(payload, key), launch=pb.LaunchContext(argv=["/bin/sh", "-c", script])),
+            timeout=10)
+        status: pb.ContainerStatus = reply.status
+        return status
+
+    def terminate(self, timeout: float = WAIT) -> int:
+        """SIGTERM, and the exit code once the agent has finished its shutdown."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def processes(self, **env: str) -> list[int]:
+        """Live processes of this agent's containers (every container's environment names its node), only
+        those whose environment also has each KEY=VALUE given (job ids repeat across RMs on one machine)."""
+        pids = set(processes_with_env("GPURM_NODE_ID", self.node_id))
+        for key, value in env.items():
+            pids &= set(processes_with_env(key, value))
+        return sorted(pids)
+
+    def close(self) -> None:
+        """Stop the agent if it still runs (a failed test), kill any container it left behind, and drain its
+        node so that the RM sends no later AM to a node whose agent is gone."""
+        if self.channel is not None:
+            self.channel.close()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(WAIT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for pid in self.processes():
+            kill_group(pid)
+        self.rm.drain(self.node_id)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
