@@ -914,9 +914,9 @@ class RMCore:
             if c.phase.live and c.preempt_deadline:
                 reclaiming[c.preempted_for] = reclaiming.get(c.preempted_for, 0) + c.gpus
                 busy.add(c.job_id)
-        for queue, held in list(self.reclaimed.items()):
-            held[:] = [(g, until) for g, until in held if until > now]
-            reclaiming[queue] = reclaiming.get(queue, 0) + sum(g for g, _ in held)
+        for queue, holds in list(self.reclaimed.items()):
+            holds[:] = [(g, until) for g, until in holds if until > now]
+            reclaiming[queue] = reclaiming.get(queue, 0) + sum(g for g, _ in holds)
         candidates = []
         for job in self.jobs.values():
             if job.state.terminal or job.job_id in busy:
