@@ -204,6 +204,7 @@ class AMRunner:
         for t in list(self._tasks):
             t.cancel()
         if self.view is not None:
+            log.info("cluster view: %s", self.view.summary())
             await self.view.stop()
         for ch in self._agents.values():
             await ch.close()

@@ -26,6 +26,9 @@ class ViewFollower:
         self.current = initial
         self.changed = False
         self.mqtt_live = False
+        self.gaps = 0
+        self.deltas = 0          # deltas applied
+        self.polls = 0           # snapshots fetched over gRPC
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -37,6 +40,10 @@ class ViewFollower:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
 
+    def summary(self) -> str:
+        return (f"version {self.current.version}, {self.deltas} deltas over MQTT, {self.gaps} gaps, "
+                f"{self.polls} snapshots over gRPC")
+
     def take(self) -> pb.ClusterView:
         self.changed = False
         return self.current
@@ -46,15 +53,20 @@ class ViewFollower:
             self.current = view
             self.changed = True
 
-    def apply_delta(self, delta: pb.ClusterView) -> None:
+    def apply_delta(self, delta: pb.ClusterView) -> bool:
+        """Apply a delta; False when this view is too old for it (it missed changes: fetch a snapshot)."""
         if delta.version <= self.current.version:
-            return
+            return True
+        if delta.base_version > self.current.version:
+            return False
         nodes: dict[str, pb.NodeView] = {n.node_id: n for n in self.current.nodes}
         for n in delta.nodes:
             nodes[n.node_id] = n
         merged = [nodes[k] for k in sorted(nodes)]
         self.current = pb.ClusterView(version=delta.version, time_ms=delta.time_ms, nodes=merged)
         self.changed = True
+        self.deltas += 1
+        return True
 
     async def _run(self) -> None:
         while True:
@@ -82,12 +94,14 @@ class ViewFollower:
                     continue
                 if message.topic.matches(mqtt.TOPIC_VIEW):
                     self.apply_snapshot(view)
-                else:
-                    self.apply_delta(view)
+                elif not self.apply_delta(view):
+                    self.gaps += 1
+                    await self._poll_once()      # missed a delta: catch up from the RM at once
 
     async def _poll_once(self) -> None:
         try:
             self.apply_snapshot(await self.client.GetClusterView(pb.GetClusterViewRequest(), timeout=5))
+            self.polls += 1
         except grpc.aio.AioRpcError as exc:
             log.debug("view poll failed: %s", exc.code().name)
 

@@ -215,14 +215,18 @@ class NvlinkIsland(_message.Message):
     def __init__(self, gpus: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ClusterView(_message.Message):
-    __slots__ = ("version", "time_ms", "nodes")
+    __slots__ = ("version", "time_ms", "nodes", "base_version", "delta")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TIME_MS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
     version: int
     time_ms: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeView]
-    def __init__(self, version: _Optional[int] = ..., time_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeView, _Mapping]]] = ...) -> None: ...
+    base_version: int
+    delta: bool
+    def __init__(self, version: _Optional[int] = ..., time_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeView, _Mapping]]] = ..., base_version: _Optional[int] = ..., delta: _Optional[bool] = ...) -> None: ...
 
 class ContainerStatus(_message.Message):
     __slots__ = ("container_id", "job_id", "kind", "state", "pid", "exit_code", "signal", "stopped", "diagnostics", "start_ms", "end_ms", "gpu_indices", "node_id", "infra_failure")

@@ -31,7 +31,8 @@ class RMConfig:
     mqtt_listen: str = "127.0.0.1:0"    # embedded broker address; port 0 picks a free port
     admins: list[str] = field(default_factory=lambda: ["root"])
     settings: RMSettings = field(default_factory=RMSettings)
-    view_publish_interval_s: float = 0.5
+    view_publish_interval_s: float = 0.2    # deltas at most this often
+    view_snapshot_interval_s: float = 5.0   # a retained full snapshot at most this often
     scheduler_interval_s: float = 0.05     # at most one scheduling pass per interval under load
 
     @property

@@ -837,9 +837,6 @@ class RMCore:
             app.attained_gpu_s = job.attained_gpu_s + sum(
                 c.gpus * (now - c.started) for c in self.job_containers(app.job_id) if c.started)
         grants = self.scheduler.schedule(apps, self._new_container_id)
-        for app in apps:
-            if app.blocked:
-                self._set_waiting(self.jobs[app.job_id], app.blocked)
         for g in grants:
             self._consume_reclaimed(self.jobs[g.job_id].queue, len(g.gpu_indices))
         for g in grants:
@@ -866,6 +863,7 @@ class RMCore:
         if now >= self._next_preempt_check:
             self._next_preempt_check = now + PREEMPT_CHECK_S
             self.preempt(now)
+            self.revoke_hoarded(now)
         s = self.settings
         for c in list(self.containers.values()):
             if not c.phase.live:
@@ -935,6 +933,37 @@ class RMCore:
             log.info("preempting %s (%d GPUs) for %s: %s", ", ".join(v.job_id for v in d.victims), d.gpus,
                      d.beneficiary, d.reason)
         return decisions
+
+    def revoke_hoarded(self, now: float) -> list[str]:
+        """No hoarding past the share: while a queue waits below its instantaneous share, grants that an
+        incomplete gang holds (never started) in a queue above its share are taken back, newest first, down to
+        the share. The AM sees them end and asks again; the scheduler will not re-grant them meanwhile."""
+        book = self.queues
+        shares = book.shares(self.cluster.capacity)
+        inst = shares.instantaneous
+        waiting = sorted(book.waiting(shares))
+        if not waiting:
+            return []
+        revoked: list[str] = []
+        for q in book.tree.leaves:
+            excess = book.used.get(q.path, 0) - inst.get(q.path, 0)
+            if excess <= 0 or waiting == [q.path]:
+                continue
+            held = [c for app in self.apps.values() if app.app.queue == q.path
+                    for c in self.job_containers(app.app.job_id)
+                    if c.kind is ContainerKind.LEARNER and c.phase is ContainerPhase.ALLOCATED and not c.pid
+                    and self.jobs[c.job_id].state is not JobState.RUNNING]
+            for c in sorted(held, key=lambda c: (-c.created, c.container_id)):
+                if excess <= 0:
+                    break
+                others = ", ".join(p.removeprefix("root.") for p in waiting if p != q.path)
+                self._order_stop(c, 0.0, "revoked")
+                self._complete(c, ExitStatus(ExitKind.EXPIRED, diagnostics=(
+                    f"grant taken back: its gang was incomplete while queue {q.short} was above its fair share "
+                    f"and {others} waited")), now)
+                excess -= c.gpus
+                revoked.append(c.container_id)
+        return revoked
 
     def _preempt_job(self, job: Job, d: preemption.Decision, grace_s: float, now: float) -> None:
         deadline = now + grace_s
@@ -1073,6 +1102,14 @@ class RMCore:
                 and (not user or j.user == user)]
         jobs.sort(key=lambda j: j.seq)
         return jobs[-limit:] if limit > 0 else jobs
+
+    def why_waiting(self, job: Job) -> str:
+        """Why an unfinished job waits: its AM's account, and the RM's when the RM holds it back."""
+        if job.state.terminal:
+            return ""
+        app = self.apps.get(job.job_id)
+        rm_reason = f"RM: {app.app.blocked}" if app is not None and app.app.blocked else ""
+        return "; ".join(x for x in (job.waiting_reason, rm_reason) if x)
 
     def gpus_held(self, job_id: str) -> int:
         return sum(c.gpus for c in self.job_containers(job_id))

@@ -166,18 +166,32 @@ class RMShell:
         self.publisher.publish_retained(mqtt.TOPIC_JOB.format(job_id=job_id), json.dumps(event).encode())
 
     async def _publish_view_loop(self) -> None:
-        interval = self.config.view_publish_interval_s
+        """Deltas (only the changed nodes, each whole) as the cluster changes, at most every
+        `view_publish_interval`; a retained full snapshot every `view_snapshot_interval` when anything changed,
+        so a new subscriber starts from a recent snapshot and follows the deltas."""
+        published = 0                 # version of the last view sent (delta or snapshot)
+        snapshot_at = 0.0
+        snapshot_version = -1
         while True:
             await self._view_dirty.wait()
             self._view_dirty.clear()
-            changed = self.core.cluster.take_changed()
             if self.publisher is not None:
-                view = self.view_pb()
-                self.publisher.publish_retained(mqtt.TOPIC_VIEW, view.SerializeToString())
-                delta = pb.ClusterView(version=view.version, time_ms=view.time_ms,
-                                       nodes=[n for n in view.nodes if n.node_id in changed])
-                self.publisher.publish(mqtt.TOPIC_VIEW_DELTA, delta.SerializeToString())
-            await asyncio.sleep(interval)
+                version = self.core.cluster.version
+                changed = self.core.cluster.take_changed()
+                nodes = [self.core.cluster.nodes[n] for n in sorted(changed) if n in self.core.cluster.nodes]
+                if nodes:
+                    delta = pb.ClusterView(version=version, time_ms=convert.ms(time.time()), base_version=published,
+                                           delta=True, nodes=[convert.node_view_to_pb(n) for n in nodes])
+                    self.publisher.publish(mqtt.TOPIC_VIEW_DELTA, delta.SerializeToString())
+                    published = version
+                due = time.monotonic() - snapshot_at >= self.config.view_snapshot_interval_s
+                if version != snapshot_version and due:
+                    self.publisher.publish_retained(mqtt.TOPIC_VIEW, self.view_pb().SerializeToString())
+                    snapshot_at, snapshot_version = time.monotonic(), version
+                    published = max(published, version)
+                elif version != snapshot_version:
+                    self._view_dirty.set()      # a snapshot is due later; come back for it
+            await asyncio.sleep(self.config.view_publish_interval_s)
 
     # ------------------------------------------------------------ views
 
@@ -193,6 +207,7 @@ class RMShell:
         preemptible = job.job_id in (preemptible_jobs or set())
         msg = convert.job_to_pb(job, gpus_held=sum(c.gpus for c in live), live_containers=len(live),
                                 preemptible=preemptible)
+        msg.waiting_reason = self.core.why_waiting(job)
         if full:
             for attempt in msg.attempts:
                 for learner in attempt.learners:

@@ -57,6 +57,14 @@ class QueueBook:
             self._shares = compute_shares(self.tree.share_tree(leaf_demand), capacity)
         return self._shares
 
+    def waiting(self, shares: Shares) -> set[str]:
+        """Leaves that want more than they use while below their instantaneous share: while any waits, no
+        other queue may go above its share."""
+        inst = shares.instantaneous
+        return {q.path for q in self.tree.leaves
+                if self.demand.get(q.path, 0) > self.used.get(q.path, 0)
+                and self.used.get(q.path, 0) < inst.get(q.path, 0)}
+
     def invalidate(self) -> None:
         self._shares = None
 

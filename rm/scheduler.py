@@ -109,9 +109,7 @@ class Scheduler:
             members.sort(key=policy_key(tree.by_path[leaf].effective_policy))
             queues[leaf] = deque(members)
         # Leaves that want more than they use while below their share: nobody else may go above theirs.
-        waiting = {q.path for q in tree.leaves
-                   if self.book.demand.get(q.path, 0) > self.book.used.get(q.path, 0)
-                   and self.book.used.get(q.path, 0) < shares.instantaneous.get(q.path, 0)}
+        waiting = self.book.waiting(shares)
         children: dict[str, SortedList] = {}
         keys: dict[str, tuple[float, str]] = {}
 

@@ -90,7 +90,7 @@ def test_max_gpus_caps_a_queue() -> None:
     jb = rig.job("a", 8)
     rig.ask(ja, [Ask(gpus=8)])
     assert rig.ask(jb, [Ask(gpus=8)]) == []
-    assert "max_gpus (8)" in rig.core.jobs[jb].waiting_reason
+    assert "max_gpus (8)" in rig.core.why_waiting(rig.core.jobs[jb])
     with pytest.raises(RequestError) as info:
         rig.job("a", 9)
     assert "max_gpus" in info.value.message
@@ -100,7 +100,7 @@ def test_max_gpus_per_user() -> None:
     rig = Rig("queues:\n  a: {max_gpus_per_user: 4}\n")
     j1, j2, j3 = rig.job("a", 4, user="ann"), rig.job("a", 4, user="ann"), rig.job("a", 4, user="bo")
     rig.ask(j1, [Ask(gpus=4)])
-    assert rig.ask(j2, [Ask(gpus=4)]) == [] and "ann is at max_gpus_per_user" in rig.core.jobs[j2].waiting_reason
+    assert rig.ask(j2, [Ask(gpus=4)]) == [] and "ann is at max_gpus_per_user" in rig.core.why_waiting(rig.core.jobs[j2])
     assert len(rig.ask(j3, [Ask(gpus=4)])) == 1
 
 
@@ -113,7 +113,7 @@ def test_no_hoarding_past_the_share_while_another_queue_waits() -> None:
     # b waits for n0 + n1 (held by a); a may not take n2 too: it would go above its share of 16.
     rig.ask(jb, [Ask(gpus=8, node_id="n0"), Ask(gpus=8, node_id="n1")])
     assert rig.ask(a_jobs[2], [Ask(gpus=8, node_id="n2")]) == []
-    assert "above its fair share" in rig.core.jobs[a_jobs[2]].waiting_reason
+    assert "above its fair share" in rig.core.why_waiting(rig.core.jobs[a_jobs[2]])
 
 
 def test_las_serves_the_least_attained_job_first() -> None:
@@ -159,7 +159,7 @@ def test_max_running_jobs_holds_jobs_queued() -> None:
     rig = Rig("queues:\n  a: {max_running_jobs: 1}\n")
     j1, j2 = rig.job("a", 1), rig.job("a", 1)
     assert rig.core.jobs[j1].admitted and not rig.core.jobs[j2].admitted
-    assert "max_running_jobs (1)" in rig.core.jobs[j2].waiting_reason
+    assert "max_running_jobs (1)" in rig.core.why_waiting(rig.core.jobs[j2])
     rig.core.kill(j1, "u", "", rig.now)
     rig.core.tick(rig.now)
     assert rig.core.jobs[j2].admitted
@@ -288,3 +288,29 @@ def test_freed_gpus_count_for_the_starving_queue_until_it_gets_them() -> None:
     again = {c.job_id for c in rig.core.containers.values() if c.preempt_deadline} - first
     assert again == set()
     assert len(rig.ask(jb, [Ask(gpus=4, count=2)])) == 2
+
+
+def test_an_incomplete_gang_above_the_share_is_revoked_while_another_queue_waits() -> None:
+    rig = Rig(TWO)
+    big = rig.job("a", 32)
+    # a's AM holds three servers (grants not yet started) and waits for the fourth; nobody else wanted GPUs.
+    r = rig.core.allocate(big, 1, 0, [Ask(gpus=8, node_id=f"n{i}") for i in range(3)], [], [], rig.now)
+    held = [g.container_id for g in r.grants]
+    assert len(held) == 3 and rig.used("a") == 24
+    assert rig.core.revoke_hoarded(rig.now) == []            # nobody waits: holding is fine
+    jb = rig.job("b", 16)                                    # b now waits below its share of 16
+    revoked = rig.core.revoke_hoarded(rig.now)
+    assert len(revoked) == 1 and rig.used("a") == 16        # back down to a's share, newest grant first
+    assert rig.core.containers[revoked[0]].exit.kind.name == "EXPIRED"
+    r = rig.core.allocate(big, 1, 1, [], [], [], rig.now)
+    assert [c.container_id for c in r.completed] == revoked and "incomplete" in r.completed[0].exit.diagnostics
+    assert jb in rig.core.jobs
+
+
+def test_a_running_gang_is_left_to_preemption() -> None:
+    rig = Rig(TWO)
+    big = rig.job("a", 24)
+    rig.ask(big, [Ask(gpus=8, node_id=f"n{i}") for i in range(3)])   # started: these are learners now
+    rig.core.jobs[big].state = rig.core.jobs[big].state.__class__.RUNNING
+    rig.job("b", 16)
+    assert rig.core.revoke_hoarded(rig.now) == []
