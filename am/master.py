@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from gpurm.am.placement import Part, Plan, ServerView, fewest_servers, plan
+from gpurm.am.placement import Part, Plan, ServerView, View, as_view, plan
 from gpurm.queues.fields import format_duration
 from gpurm.rm.jobspec import JobSpec, LocalityLevel
 from gpurm.rm.model import FailureKind, JobState, Learner
@@ -141,7 +141,7 @@ class Master:
         self.spec = spec
         self.rng = rng or random.Random()
         self.phase = Phase.PLANNING
-        self.view: list[ServerView] = []
+        self.view: View = View([])
         self.held: dict[str, Held] = {}
         self.runs: dict[str, Run] = {}
         self.avoid: set[str] = set()
@@ -157,6 +157,8 @@ class Master:
         self.backoff_until = 0.0
         self.stop_since = 0.0
         self.pending_end: tuple[FailureKind, str, int] | None = None
+        self.plan_replies = 0          # allocate replies since the current plan's asks went out
+        self.salt = self.rng.getrandbits(32)   # this AM's own order among equally good servers
         self._new_attempt(first_attempt, now)
 
     # ------------------------------------------------------------ outputs
@@ -171,6 +173,13 @@ class Master:
             return []
         return [(p.node_id, p.gpus, p.gpu_indices) for p in self._missing_parts()]
 
+    def on_reply(self) -> None:
+        """The shell processed an allocate reply (its grants are in). A plan's servers can be judged taken only
+        after two replies without them: a grant comes in the reply to the asks, or the next when passes are
+        coalesced; before that, the view showing them busy may be showing our own grant."""
+        if self.phase is Phase.ACQUIRING:
+            self.plan_replies += 1
+
     def take_releases(self) -> list[str]:
         out, self.releases = self.releases, []
         return out
@@ -179,10 +188,61 @@ class Master:
         out, self.actions = self.actions, []
         return out
 
-    def take_reports(self) -> list[AttemptRecord]:
+    def take_reports(self, now: float | None = None) -> list[AttemptRecord]:
+        """Attempt records that changed; with `now`, a waiting attempt's reason is brought up to date first
+        (it is only rendered here, not on every step)."""
+        if now is not None and self.phase in (Phase.PLANNING, Phase.ACQUIRING, Phase.BACKOFF):
+            self._waiting(now)
         out = [a for a in self.attempts if a.number in self.dirty]
         self.dirty.clear()
         return out
+
+    def next_deadline(self) -> float | None:
+        """When `step` next has something to do by itself (a level timing out, a back-off ending, a stop wait
+        running out); None when only an event can move it on."""
+        if self.phase in (Phase.PLANNING, Phase.ACQUIRING):
+            return self.level_since + self.spec.locality.timeout_s
+        if self.phase is Phase.BACKOFF:
+            return self.backoff_until
+        if self.phase is Phase.STOPPING:
+            return self.stop_since + STOP_WAIT_S
+        return None
+
+    def catch_up(self, now: float) -> None:
+        """Run, in order, every timer that fell due before `now`, as if stepped at each deadline. Lets a driver
+        skip timer events while the AM holds and asks for nothing (its timers then matter to nobody else)."""
+        while True:
+            deadline = self.next_deadline()
+            if deadline is None or deadline > now:
+                return
+            if self._idle_at_any():
+                self._skip_idle_cycles(now)
+                continue
+            self.step(deadline)
+
+    def _idle_at_any(self) -> bool:
+        return (self.phase is Phase.BACKOFF and self.level is LocalityLevel.ANY and not self.held
+                and self.view.cannot_fit(self.spec.gpus, LocalityLevel.ANY))
+
+    def _skip_idle_cycles(self, now: float) -> None:
+        """Back-off → plan at `any` (nothing fits) → time out → back-off, as many whole cycles as end before
+        `now`, without planning: the view proves every plan would fail. Same clock and random draws as stepping
+        through them; a job waiting for days in a full cluster would otherwise replan hundreds of times."""
+        timeout = self.spec.locality.timeout_s
+        while self.backoff_until + timeout <= now:
+            self.level_since = self.backoff_until
+            cap = self._backoff_cap()
+            self.backoffs += 1
+            self.backoff_until = self.level_since + timeout + self.rng.uniform(0.0, cap)
+        if self.backoff_until <= now:
+            self.step(self.backoff_until)        # the last back-off ends before now: plan (and fail) for real
+        self.attempt.level = LocalityLevel.ANY.label
+        self.dirty.add(self.attempt.number)
+
+    @property
+    def idle(self) -> bool:
+        """Planning or backing off with nothing held or asked: only GPUs coming free can move it on."""
+        return self.phase in (Phase.PLANNING, Phase.BACKOFF) and not self.held and not self.asks()
 
     @property
     def held_gpus(self) -> int:
@@ -190,8 +250,8 @@ class Master:
 
     # ------------------------------------------------------------ inputs
 
-    def on_view(self, servers: Sequence[ServerView], now: float) -> None:
-        self.view = list(servers)
+    def on_view(self, servers: View | Sequence[ServerView], now: float) -> None:
+        self.view = as_view(servers)
         self.step(now)
 
     def on_grant(self, held: Held, now: float) -> None:
@@ -320,35 +380,44 @@ class Master:
         if self.phase is Phase.DONE:
             return
         if self.phase is Phase.STOPPING:
-            if self._live_runs() and now - self.stop_since <= STOP_WAIT_S:
+            if self._live_runs() and now < self.stop_since + STOP_WAIT_S:   # same expression as next_deadline
                 return
             self._after_stop(now)
             if cast(Phase, self.phase) is not Phase.PLANNING:   # _after_stop moved it on
                 return
         if self.phase is Phase.BACKOFF:
             if now < self.backoff_until:
-                self._waiting(now)
                 return
             nxt = LocalityLevel(min(self.level + 1, LocalityLevel.ANY))
             self._enter_level(nxt, now)
-        if self.phase is Phase.PLANNING and self.level is LocalityLevel.NODE and self.view \
-                and fewest_servers(self.spec.gpus, self.view) > 1:
+        if self.phase is Phase.PLANNING and self.level is LocalityLevel.NODE and len(self.view) \
+                and self.view.fewest_servers(self.spec.gpus) > 1:
             self._enter_level(LocalityLevel.PACKED, now)    # no server is big enough: skip at once
         if self.phase is Phase.PLANNING:
-            self.plan = plan(self.spec.gpus, self.view, self.level, self.avoid) if self.view else None
+            self.plan = plan(self.spec.gpus, self.view, self.level, self.avoid, self.salt) if len(self.view) else None
             if self.plan is not None:
                 self.phase = Phase.ACQUIRING
+                self.plan_replies = 0
         if self.phase is Phase.ACQUIRING and self.plan is not None and not self._missing_parts():
             self._launch(now)
             return
-        if self.phase in (Phase.PLANNING, Phase.ACQUIRING):
-            if now - self.level_since >= self.spec.locality.timeout_s:
-                self._give_up_level(now)
-            self._waiting(now)
+        if self.phase is Phase.ACQUIRING and not self.held:
+            if not self._plan_taken():
+                self.plan_replies = 0          # its servers look free: a grant may well be on its way
+            elif self.plan_replies >= 2:
+                # Somebody got the planned servers first (many AMs plan from one view). Holding nothing, plan
+                # again at the same level at once; the level's clock keeps running.
+                self.plan = plan(self.spec.gpus, self.view, self.level, self.avoid, self.salt)
+                self.plan_replies = 0
+                if self.plan is None:
+                    self.phase = Phase.PLANNING
+        if self.phase in (Phase.PLANNING, Phase.ACQUIRING) and \
+                now >= self.level_since + self.spec.locality.timeout_s:   # same expression as next_deadline
+            self._give_up_level(now)
 
     def _enter_level(self, level: LocalityLevel, now: float) -> None:
         # A level that can never hold the job (one server too small) is skipped at once.
-        if level is LocalityLevel.NODE and self.view and fewest_servers(self.spec.gpus, self.view) > 1:
+        if level is LocalityLevel.NODE and len(self.view) and self.view.fewest_servers(self.spec.gpus) > 1:
             level = LocalityLevel.PACKED
         self.level = level
         self.level_since = now
@@ -361,10 +430,33 @@ class Master:
         self.releases.extend(self.held)
         self.held.clear()
         self.plan = None
-        cap = min(self.spec.locality.backoff_base_s * (2 ** self.backoffs), self.spec.locality.backoff_max_s)
+        cap = self._backoff_cap()
         self.backoffs += 1
         self.backoff_until = now + self.rng.uniform(0.0, cap)
         self.phase = Phase.BACKOFF
+
+    def _backoff_cap(self) -> float:
+        # 2^k stops growing long before it matters (and before it overflows a float): the cap rules.
+        loc = self.spec.locality
+        return float(min(loc.backoff_base_s * (2 ** min(self.backoffs, 60)), loc.backoff_max_s))
+
+    @property
+    def plan_looks_taken(self) -> bool:
+        """Acquiring, holding nothing, with a plan whose servers the view shows busy: another reply or two
+        settles whether to plan again (a driver should call again soon rather than wait for the timeout)."""
+        return self.phase is Phase.ACQUIRING and not self.held and self._plan_taken()
+
+    def plan_taken_in(self, view: View) -> bool:
+        """Whether `view` (perhaps newer than the AM's) shows a server of its plan without the GPUs the plan needs
+        there: a driver's cheap test of whether a grant to somebody else concerns this AM."""
+        return self._plan_taken(view)
+
+    def _plan_taken(self, view: View | None = None) -> bool:
+        """Whether the view shows a server of the plan without the GPUs the plan needs there."""
+        if self.plan is None:
+            return False
+        free_on = (view or self.view).free_on
+        return any(free_on.get(p.node_id, 0) < p.gpus for p in self.plan.parts)
 
     def _missing_parts(self) -> list[Part]:
         assert self.plan is not None
@@ -500,7 +592,7 @@ class Master:
             nxt = LocalityLevel(min(level + 1, LocalityLevel.ANY))
             return (f"backing off {format_duration(max(0.0, self.backoff_until - now))} after {level.label} "
                     f"timed out; then trying {nxt.label}")
-        want = _describe_level(gpus, level, fewest_servers(gpus, self.view) if self.view else 1)
+        want = _describe_level(gpus, level, self.view.fewest_servers(gpus) if len(self.view) else 1)
         if self.phase is Phase.ACQUIRING and self.plan is not None:
             missing = self._missing_parts()
             waits = ", ".join(f"{p.node_id} ({p.gpus})" for p in missing[:4])
@@ -510,7 +602,7 @@ class Master:
         return f"waiting for {want}; {clock}; {self._best_hint(level)}"
 
     def _best_hint(self, level: LocalityLevel) -> str:
-        usable = [s for s in self.view if s.node_id not in self.avoid]
+        usable = [s for s in self.view.servers if s.node_id not in self.avoid]
         if not usable:
             return "no server is up"
         if level is LocalityLevel.NODE:

@@ -156,7 +156,7 @@ class AMRunner:
                     job_id=self.job_id, am_attempt=self.am_attempt, response_id=response_id,
                     asks=[pb.ResourceAsk(node_id=n, gpus=g, count=1, gpu_indices=idx)
                           for n, g, idx in master.asks()],
-                    releases=master.take_releases(), attempts=[report_pb(a) for a in master.take_reports()])
+                    releases=master.take_releases(), attempts=[report_pb(a) for a in master.take_reports(now)])
                 resp = await self._rm_call("allocate", lambda req=request: self.am.Allocate(  # type: ignore[misc]
                     req, metadata=self.metadata, timeout=10))
                 response_id = resp.response_id
@@ -170,6 +170,7 @@ class AMRunner:
                     master.on_preempted(resp.preemption.container_ids, grace, now)
                 if resp.kill_requested:
                     master.on_kill("killed", now)
+                master.on_reply()
                 self._execute(master.take_actions())
                 if master.final is None:
                     self._wake.clear()
@@ -195,7 +196,7 @@ class AMRunner:
         request = pb.FinishAMRequest(job_id=self.job_id, am_attempt=self.am_attempt,
                                      final_state=convert.JOB_STATE_TO_PB[final.state],
                                      diagnostics=final.diagnostics, exit_code=final.exit_code,
-                                     attempts=[report_pb(a) for a in master.take_reports()])
+                                     attempts=[report_pb(a) for a in master.take_reports(time.time())])
         # Finishing makes the RM stop and reclaim anything this job still holds.
         await self._rm_call("finish", lambda: self.am.FinishApplicationMaster(
             request, metadata=self.metadata, timeout=10))

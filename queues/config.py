@@ -111,7 +111,11 @@ def _queue(name: str, path: str, data: Any, p: Problems, inherited: PreemptionSe
         try:
             q.policy = Policy(text)
         except ValueError:
-            r.error("policy", f"must be one of fifo, las; got {text!r}")
+            q.policy = None
+        if q.policy in (None, Policy.SRTF):
+            q.policy = None
+            r.error("policy", f"must be one of fifo, las; got {text!r}"
+                    + (" (srtf needs job durations: `gpurm sim --policy srtf` only)" if text == "srtf" else ""))
     q.preemption = _preemption(r, inherited)
     if q.max_gpus is not None and q.min_gpus > q.max_gpus:
         r.error("min_gpus", f"{q.min_gpus} is above max_gpus {q.max_gpus}")
@@ -173,9 +177,9 @@ def parse_queues(text: str, source: str = "queues.yaml") -> QueueTree:
     root.submit_acl, root.admin_acl = _acl(r)
     if r.has("policy"):
         text_policy = r.text("policy", "fifo")
-        try:
+        if text_policy in ("fifo", "las"):
             root.policy = Policy(text_policy)
-        except ValueError:
+        else:
             r.error("policy", f"must be one of fifo, las; got {text_policy!r}")
     children = r.raw("queues")
     r.reject_unknown()

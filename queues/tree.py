@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from gpurm.queues.fairshare import ShareNode
 
@@ -13,7 +14,8 @@ EVERYONE = "*"
 
 class Policy(enum.Enum):
     FIFO = "fifo"   # submit order
-    LAS = "las"     # least attained GPU-service first (Tiresias), ties by submit order
+    LAS = "las"     # least attained GPU-service first (Tiresias 2D-LAS levels), ties by submit order
+    SRTF = "srtf"   # shortest remaining GPU-time first: needs job durations, so the simulator's oracle only
 
 
 @dataclass(frozen=True)
@@ -57,12 +59,13 @@ class QueueDef:
             yield q
             q = q.parent
 
-    @property
+    # The effective_* values are cached: a tree is never changed once built (a refresh builds a new one).
+    @cached_property
     def effective_preemptible(self) -> bool:
         # A queue is preemptible only if it and every ancestor allow it.
         return all(q.preemptible is not False for q in self.ancestry())
 
-    @property
+    @cached_property
     def effective_policy(self) -> Policy:
         for q in self.ancestry():
             if q.policy is not None:
@@ -79,13 +82,13 @@ class QueueDef:
                 entries |= set(acl)
         return entries if any_set else None
 
-    @property
+    @cached_property
     def effective_submit(self) -> set[str]:
         """Who may submit: the union of the ACLs on the path (inherited downward); nobody set one = everyone."""
         acl = self._acl("submit_acl")
         return {EVERYONE} if acl is None else acl
 
-    @property
+    @cached_property
     def effective_admin(self) -> set[str]:
         return self._acl("admin_acl") or set()
 
@@ -113,7 +116,7 @@ class QueueTree:
                 c.parent = q
                 stack.append(c)
 
-    @property
+    @cached_property
     def leaves(self) -> list[QueueDef]:
         return sorted((q for q in self.by_path.values() if q.leaf and q is not self.root), key=lambda q: q.path)
 

@@ -140,11 +140,13 @@ class Cluster:
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
         self._free: dict[str, int] = {}
+        self._free_total = 0
         self._by_free: SortedList = SortedList()
         self._by_free_rack: dict[str, SortedList] = {}
         self.version = 0
         self.changed: set[str] = set()   # node ids changed since the view was last published
         self._capacity: int | None = None  # cached; node, state and health changes reset it
+        self.releases = 0                  # counts GPU releases (and nodes coming up): "something came free"
 
     # -- index upkeep
     def _reindex(self, node: Node) -> None:
@@ -154,11 +156,13 @@ class Cluster:
             if old == new and node.node_id in self.nodes:
                 self._touch(node.node_id)
                 return
+            self._free_total -= old
             self._by_free.discard((old, node.node_id))
             rack_index = self._by_free_rack.get(node.rack)
             if rack_index is not None:
                 rack_index.discard((old, node.node_id))
         self._free[node.node_id] = new
+        self._free_total += new
         self._by_free.add((new, node.node_id))
         self._by_free_rack.setdefault(node.rack, SortedList()).add((new, node.node_id))
         self._touch(node.node_id)
@@ -174,11 +178,13 @@ class Cluster:
         if old is not None:
             old_free = self._free.pop(node.node_id, None)
             if old_free is not None:
+                self._free_total -= old_free
                 self._by_free.discard((old_free, node.node_id))
                 self._by_free_rack.get(old.rack, SortedList()).discard((old_free, node.node_id))
         node.islands = nvlink_islands(node.gpus.values())
         self.nodes[node.node_id] = node
         self._capacity = None
+        self.releases += 1
         self._reindex(node)
 
     def set_state(self, node_id: str, state: NodeState) -> None:
@@ -186,6 +192,8 @@ class Cluster:
         if node.state is not state:
             node.state = state
             self._capacity = None
+            if node.offering:
+                self.releases += 1        # its free GPUs are on offer again
             self._reindex(node)
 
     def set_gpu_health(self, node_id: str, index: int, healthy: bool, reason: str) -> None:
@@ -194,6 +202,8 @@ class Cluster:
         if gpu is not None and (gpu.healthy, gpu.health_reason) != (healthy, reason):
             gpu.healthy, gpu.health_reason = healthy, reason
             self._capacity = None
+            if healthy:
+                self.releases += 1
             self._reindex(node)
 
     def allocate(self, node_id: str, indices: Iterable[int], container_id: str) -> None:
@@ -212,6 +222,7 @@ class Cluster:
         for i in indices:
             if node.allocated.get(i) == container_id:
                 del node.allocated[i]
+        self.releases += 1
         self._reindex(node)
 
     # -- queries
@@ -240,7 +251,7 @@ class Cluster:
 
     @property
     def free_gpus(self) -> int:
-        return sum(self._free.values())
+        return self._free_total
 
     def racks(self) -> list[str]:
         return sorted({n.rack for n in self.nodes.values()})

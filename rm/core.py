@@ -10,12 +10,15 @@ store before it answers the request that changed them.
 from __future__ import annotations
 
 import enum
+import heapq
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from sortedcontainers import SortedList
+
 from gpurm.queues.tree import QueueTree, acl_allows, default_tree
-from gpurm.rm import preemption
+from gpurm.rm import preemption, priority
 from gpurm.rm.cluster import Cluster, GpuRecord, Node, NodeState
 from gpurm.rm.jobspec import JobSpec
 from gpurm.rm.model import (
@@ -38,6 +41,8 @@ log = logging.getLogger(__name__)
 DEFAULT_QUEUE = "default"
 PREEMPT_CHECK_S = 1.0     # how often starvation is checked
 RECLAIM_HOLD_S = 60.0     # GPUs freed by preemption count as the beneficiary's until it gets them, this long at most
+RECHECK_S = 30.0          # a queue owed GPUs that nobody can spare: look again this much later
+HOARD_CHECK_S = 10.0      # how soon hoarded grants are looked for while a queue waits (simulator cadence)
 
 
 class ErrorCode(enum.Enum):
@@ -72,6 +77,8 @@ class RMSettings:
     stop_resend_s: float = 10.0           # re-send a stop order the agent has not acted on
     allocate_interval_s: float = 0.5
     token_ttl_s: float = 24 * 3600.0
+    inqueue_preemption: bool = False      # las / srtf preempt inside a queue (Tiresias); the simulator turns it on
+    inqueue_min_run_s: float = 60.0       # a job runs at least this long before a same-queue job may preempt it
 
 
 # ---------------------------------------------------------------- effects for the shell
@@ -206,10 +213,25 @@ class RMCore:
         self.scheduler = Scheduler(self.cluster, self.queues)
         self.jobs: dict[str, Job] = {}
         self.containers: dict[str, Container] = {}
-        self.by_job: dict[str, set[str]] = {}     # job id -> its container ids (an index over containers)
+        self.by_job: dict[str, list[str]] = {}    # job id -> its container ids, oldest first (an index)
+        self.live: dict[str, Container] = {}      # containers not yet ended (an index over containers)
+        self.live_by_job: dict[str, dict[str, Container]] = {}   # the same, per job
+        self.unstarted: dict[str, None] = {}      # learner grants not yet seen running
+        # Unfinished jobs without a running AM, per queue, in launch order: (restarts first, submit order).
+        self.needs_am: dict[str, SortedList] = {}
+        self.live_ams: dict[str, dict[str, None]] = {}  # node -> its live AM containers
+        self.with_am: dict[str, None] = {}        # unfinished jobs whose AM container lives (ordered: determinism)
+        self.asking: dict[str, AppState] = {}     # apps with outstanding asks: what a scheduling pass looks at
+        # A full scheduling pass is due when GPUs came free or nodes / limits changed; otherwise only apps whose
+        # asks changed can be granted anything, and a pass looks at those alone.
+        self.pass_due = True
+        self.new_askers: dict[str, None] = {}
+        self._seen_releases = -1
+        self._next_check: tuple[tuple[int, int, int], float | None] | None = None
         # GPUs preemption freed for a queue that it has not been granted yet: (GPUs, until), per queue. They keep
         # counting as reclaimed, so the queue's starvation is not answered a second time meanwhile.
         self.reclaimed: dict[str, list[tuple[int, float]]] = {}
+        self.reclaiming_live: dict[str, int] = {}   # GPUs of live containers under a preemption deadline, per queue
         self.apps: dict[str, AppState] = {}
         self._next_preempt_check = 0.0
         self.next_job_seq = 1
@@ -262,15 +284,47 @@ class RMCore:
 
     def _add_container(self, c: Container) -> None:
         self.containers[c.container_id] = c
-        self.by_job.setdefault(c.job_id, set()).add(c.container_id)
+        self.by_job.setdefault(c.job_id, []).append(c.container_id)
+        if c.phase.live:
+            self._index_live(c)
         self._container_changed(c)
 
+    def _index_live(self, c: Container) -> None:
+        self.live[c.container_id] = c
+        self.live_by_job.setdefault(c.job_id, {})[c.container_id] = c
+        if c.kind is ContainerKind.LEARNER and c.phase is ContainerPhase.ALLOCATED:
+            self.unstarted[c.container_id] = None
+        if c.kind is ContainerKind.AM:
+            self.live_ams.setdefault(c.node_id, {})[c.container_id] = None
+
+    def _unindex_live(self, c: Container) -> None:
+        self.live.pop(c.container_id, None)
+        self.unstarted.pop(c.container_id, None)
+        if c.kind is ContainerKind.AM:
+            self.live_ams.get(c.node_id, {}).pop(c.container_id, None)
+        mine = self.live_by_job.get(c.job_id)
+        if mine is not None:
+            mine.pop(c.container_id, None)
+            if not mine:
+                del self.live_by_job[c.job_id]
+
+    def _want_am(self, job: Job) -> None:
+        key = (0 if job.admitted else 1, job.seq, job.job_id)
+        self.needs_am.setdefault(job.queue, SortedList()).add(key)
+
+    def _drop_am_wish(self, job: Job) -> None:
+        entries = self.needs_am.get(job.queue)
+        if entries is not None:
+            entries.discard((0, job.seq, job.job_id))
+            entries.discard((1, job.seq, job.job_id))
+
     def job_containers(self, job_id: str, live_only: bool = True) -> list[Container]:
-        found = (self.containers[cid] for cid in sorted(self.by_job.get(job_id, ())))
-        return [c for c in found if c.phase.live or not live_only]
+        if live_only:
+            return list(self.live_by_job.get(job_id, {}).values())
+        return [self.containers[cid] for cid in self.by_job.get(job_id, ())]
 
     def live_count(self, job_id: str) -> int:
-        return sum(1 for cid in self.by_job.get(job_id, ()) if self.containers[cid].phase.live)
+        return len(self.live_by_job.get(job_id, ()))
 
     # ------------------------------------------------------------ submit / kill
 
@@ -325,11 +379,12 @@ class RMCore:
         self.next_job_seq += 1
         self.dirty.meta = True
         job = Job(job_id=f"job-{seq}", spec=spec, user=user, queue=queue, submit_time=now, seq=seq,
-                  submit_id=submit_id, waiting_reason="waiting for its AM to start")
+                  submit_id=submit_id, waiting_reason="waiting for its AM to start", idle_since=now)
         self.jobs[job.job_id] = job
         if submit_id:
             self.submit_ids[submit_id] = job.job_id
         self.queues.want(queue, spec.gpus)
+        self._want_am(job)
         self._job_changed(job)
         self._launch_ams(now)
         return job
@@ -370,7 +425,10 @@ class RMCore:
         self.queues.want(job.queue, -job.spec.gpus)
         if job.admitted:
             self.queues.activate(job.queue, -1)
+        self._drop_am_wish(job)
+        self.with_am.pop(job.job_id, None)
         app = self.apps.pop(job.job_id, None)
+        self.asking.pop(job.job_id, None)
         if app is not None:
             app.app.asks = []
         for c in self.job_containers(job.job_id):
@@ -382,48 +440,69 @@ class RMCore:
 
     # ------------------------------------------------------------ AM launching
 
-    def _launch_ams(self, now: float) -> None:
-        """Start AMs: for queued jobs in submission order within the AM limits, and a replacement AM for any
-        admitted job whose AM ended (those already hold their slot)."""
-        orphans = [j for j in self.jobs.values()
-                   if not j.state.terminal and not j.am_container and not j.kill_requested]
-        if not orphans:
-            return
-        orphans.sort(key=lambda j: (j.state is JobState.QUEUED, j.seq))
+    def _am_counts(self) -> tuple[int, dict[str, int]]:
+        """Jobs acquiring GPUs (an AM, not yet running): cluster-wide and per queue."""
         active = 0
         acquiring: dict[str, int] = {}
-        for j in self.jobs.values():
-            if j.am_container and j.state in (JobState.QUEUED, JobState.ALLOCATING):
+        for job_id in self.with_am:
+            j = self.jobs[job_id]
+            if j.state in (JobState.QUEUED, JobState.ALLOCATING):
                 active += 1
                 acquiring[j.queue] = acquiring.get(j.queue, 0) + 1
+        return active, acquiring
+
+    def _launch_ams(self, now: float) -> None:
+        """Start AMs: a replacement AM for any admitted job whose AM ended (those hold their slot), then queued
+        jobs in submission order within the AM limits. Each queue's waiting jobs are kept sorted, so this touches
+        only the jobs it starts (plus one per queue that cannot start)."""
+        if not any(self.needs_am.values()):
+            return
         nodes = [n for n in self.cluster.nodes.values() if n.offering]
         if not nodes:
-            for job in orphans:
-                self._set_waiting(job, "waiting for a node to run its AM: no node is up")
             return
-        ams_on: dict[str, int] = {n.node_id: 0 for n in nodes}
-        for c in self.containers.values():
-            if c.kind is ContainerKind.AM and c.phase.live and c.node_id in ams_on:
-                ams_on[c.node_id] += 1
-        for job in orphans:
-            admitted = job.state is not JobState.QUEUED or bool(job.am_registered)
-            if not admitted and active >= self.settings.max_active_ams:
-                self._set_waiting(job, f"waiting for an AM slot: {active} jobs are acquiring GPUs cluster-wide")
-                continue
-            if not admitted and acquiring.get(job.queue, 0) >= self.settings.max_acquiring_per_queue:
-                self._set_waiting(job, f"waiting behind {acquiring[job.queue]} jobs acquiring GPUs in "
-                                       f"{job.queue.removeprefix('root.')}")
-                continue
-            full = self._running_limit(job) if not job.admitted else ""
-            if full:
-                self._set_waiting(job, full)
-                continue
-            node_id = min(ams_on, key=lambda n: (ams_on[n], n))
-            ams_on[node_id] += 1
-            if not admitted:
+        # Counting the acquiring jobs walks every job with an AM; skip it when no limit can bind this call.
+        waiting = sum(len(e) for e in self.needs_am.values())
+        bound = len(self.with_am) + waiting
+        limited = bound >= self.settings.max_active_ams or bound >= self.settings.max_acquiring_per_queue
+        active, acquiring = self._am_counts() if limited else (0, {})
+        by_load = SortedList((len(self.live_ams.get(n.node_id, ())), n.node_id) for n in nodes)
+        heads = [(entries[0], queue) for queue, entries in self.needs_am.items() if entries]
+        heapq.heapify(heads)
+        while heads:
+            key, queue = heapq.heappop(heads)
+            entries = self.needs_am[queue]
+            job = self.jobs[key[2]]
+            if not job.admitted:
+                if limited and active >= self.settings.max_active_ams:
+                    continue      # only restarts (which sort first) may still start
+                if (limited and acquiring.get(queue, 0) >= self.settings.max_acquiring_per_queue) \
+                        or self._running_limit(job):
+                    continue      # this queue is full: its later jobs wait too
                 active += 1
-                acquiring[job.queue] = acquiring.get(job.queue, 0) + 1
+                acquiring[queue] = acquiring.get(queue, 0) + 1
+            entries.pop(0)
+            count, node_id = by_load.pop(0)
+            by_load.add((count + 1, node_id))
             self._start_am(job, node_id, now)
+            if entries:
+                heapq.heappush(heads, (entries[0], queue))
+
+    def queued_reason(self, job: Job) -> str:
+        """Why a job has no AM yet (computed when asked, so a long backlog costs nothing while it waits)."""
+        if not any(n.offering for n in self.cluster.nodes.values()):
+            return "waiting for a node to run its AM: no node is up"
+        active, acquiring = self._am_counts()
+        if not job.admitted:
+            full = self._running_limit(job)
+            if full:
+                return full
+            if acquiring.get(job.queue, 0) >= self.settings.max_acquiring_per_queue:
+                ahead = sum(1 for k in self.needs_am.get(job.queue, ()) if k[1] < job.seq)
+                return (f"waiting behind {acquiring[job.queue]} jobs acquiring GPUs in "
+                        f"{job.queue.removeprefix('root.')}" + (f" ({ahead} more queued ahead)" if ahead else ""))
+            if active >= self.settings.max_active_ams:
+                return f"waiting for an AM slot: {active} jobs are acquiring GPUs cluster-wide"
+        return job.waiting_reason or "waiting for its AM to start"
 
     def _running_limit(self, job: Job) -> str:
         leaf = self.queues.tree.by_path.get(job.queue)
@@ -433,6 +512,8 @@ class RMCore:
         return ""
 
     def _start_am(self, job: Job, node_id: str, now: float) -> None:
+        self._drop_am_wish(job)
+        self.with_am[job.job_id] = None
         if not job.admitted:
             job.admitted = True
             self.queues.activate(job.queue, 1)
@@ -463,7 +544,9 @@ class RMCore:
     def _am_ended(self, job: Job, c: Container, now: float) -> None:
         if job.am_container == c.container_id:
             job.am_container = ""
+            self.with_am.pop(job.job_id, None)
         self.apps.pop(job.job_id, None)
+        self.asking.pop(job.job_id, None)
         if job.state.terminal or job.final_reported:
             return
         if c.attempt not in job.am_registered:
@@ -484,6 +567,7 @@ class RMCore:
             log.warning("AM of %s ended (%s); starting AM attempt %d", job.job_id, c.exit.describe(),
                         job.am_attempt + 1)
             job.waiting_reason = f"AM attempt {job.am_attempt} ended ({c.exit.describe()}); restarting the AM"
+        self._want_am(job)
         self._job_changed(job)
         self._launch_ams(now)
 
@@ -509,8 +593,8 @@ class RMCore:
                     drain=old.drain if old else False, health_report=reg.health_report)
         node.state = self._healthy_state(node, reg.healthy)
         # Allocations the RM holds on this node survive re-registration.
-        for c in self.containers.values():
-            if c.node_id == reg.node_id and c.phase.live:
+        for c in self.live.values():
+            if c.node_id == reg.node_id:
                 for i in c.gpu_indices:
                     node.allocated[i] = c.container_id
         self.cluster.upsert(node)
@@ -521,15 +605,15 @@ class RMCore:
             stop = self._apply_report(node, r, now)
             if stop is not None:
                 stops.append(stop)
-        for c in list(self.containers.values()):
-            if c.node_id != reg.node_id or not c.phase.live or c.container_id in reported:
+        for c in list(self.live.values()):
+            if c.node_id != reg.node_id or c.container_id in reported:
                 continue
             if c.phase is ContainerPhase.RUNNING or c.started:
                 self._complete(c, ExitStatus(ExitKind.LOST, diagnostics=f"agent on {reg.node_id} restarted "
                                              "without it", infra=True), now)
         self.stops.pop(reg.node_id, None)
-        for c in self.containers.values():
-            if c.node_id == reg.node_id and c.phase.live and c.stop_requested:
+        for c in self.live.values():
+            if c.node_id == reg.node_id and c.stop_requested:
                 stops.append(StopOrder(c.node_id, c.container_id, self.settings.kill_grace_s, c.stop_reason))
         log.info("node %s registered (%s:%d, rack %s, %d GPUs, %d containers)", reg.node_id, reg.host, reg.port,
                  node.rack, len(node.gpus), len(reg.containers))
@@ -574,6 +658,7 @@ class RMCore:
         if r.live:
             if r.state == "RUNNING" and c.phase is not ContainerPhase.RUNNING:
                 c.phase = ContainerPhase.RUNNING
+                self.unstarted.pop(c.container_id, None)
                 c.started = now
                 c.pid = r.pid
                 self._container_changed(c)
@@ -611,8 +696,8 @@ class RMCore:
         node.session = ""
         self.dirty.nodes.add(node_id)
         self.stops.pop(node_id, None)
-        for c in list(self.containers.values()):
-            if c.node_id == node_id and c.phase.live:
+        for c in list(self.live.values()):
+            if c.node_id == node_id:
                 self._complete(c, ExitStatus(ExitKind.LOST, diagnostics=f"node {node_id} lost ({why})",
                                              infra=True), now)
 
@@ -634,6 +719,11 @@ class RMCore:
         c.phase = ContainerPhase.COMPLETED
         c.finished = now
         c.exit = exit_status
+        self._unindex_live(c)
+        if c.preempt_deadline:
+            self.reclaiming_live[c.preempted_for] = self.reclaiming_live.get(c.preempted_for, 0) - c.gpus
+        if c.gpus:
+            self.pass_due = True
         self.cluster.release(c.node_id, c.gpu_indices, c.container_id)
         job_of = self.jobs.get(c.job_id)
         if c.kind is ContainerKind.LEARNER and job_of is not None:
@@ -660,6 +750,9 @@ class RMCore:
                 app.pending_grants = [g for g in app.pending_grants if g.container_id != c.container_id]
                 if len(app.pending_grants) == before:
                     app.completed.append(c)
+        if c.kind is ContainerKind.LEARNER and not any(x.kind is ContainerKind.LEARNER
+                                                         for x in self.job_containers(job.job_id)):
+            job.idle_since = now
         if self.live_count(c.job_id) == 0 or job.state.terminal:
             self._job_changed(job)
 
@@ -747,7 +840,14 @@ class RMCore:
         for report in reports:
             self._apply_attempt(job, report, now)
         unseen = [(g.node_id, self.cluster.nodes[g.node_id].rack, len(g.gpu_indices)) for g in app.pending_grants]
-        app.app.asks = subtract_grants(asks, unseen)
+        new_asks = subtract_grants(asks, unseen)
+        if new_asks != app.app.asks and new_asks:
+            self.new_askers[job_id] = None
+        app.app.asks = new_asks
+        if app.app.asks:
+            self.asking[job_id] = app
+        else:
+            self.asking.pop(job_id, None)
         if schedule:
             self.schedule(now)
         app.response_id += 1
@@ -829,14 +929,34 @@ class RMCore:
     # ------------------------------------------------------------ scheduling and time
 
     def schedule(self, now: float) -> list[Grant]:
-        apps = [a.app for a in self.apps.values() if a.registered and a.app.asks]
+        """A scheduling pass, when anything it could act on changed (asks, freed GPUs, nodes, limits, the
+        clock for las/srtf ranks)."""
+        if self.pass_due or self.cluster.releases != self._seen_releases:
+            self._seen_releases = self.cluster.releases
+            targeted = False
+            apps = [a.app for a in self.asking.values() if a.registered and a.app.asks]
+        elif self.new_askers:
+            targeted = True
+            apps = [a.app for j in self.new_askers if (a := self.asking.get(j)) is not None and a.registered
+                    and a.app.asks]
+        else:
+            return []
+        self.pass_due = False
+        self.new_askers = {}
         if not apps:
             return []
+        waiting_before = self.queues.waiting(self.queues.shares(self.cluster.capacity)) if targeted else set()
+        if self._ranked:
+            for app in apps:
+                app.standing = self.standing(self.jobs[app.job_id], now)
+        grants = self.scheduler.schedule(apps, self._new_container_id, now, self._reserved(now))
         for app in apps:
-            job = self.jobs[app.job_id]
-            app.attained_gpu_s = job.attained_gpu_s + sum(
-                c.gpus * (now - c.started) for c in self.job_containers(app.job_id) if c.started)
-        grants = self.scheduler.schedule(apps, self._new_container_id)
+            if not app.asks:
+                self.asking.pop(app.job_id, None)
+        if targeted and grants and self.queues.waiting(self.queues.shares(self.cluster.capacity)) != waiting_before:
+            # A queue reached its share: others may now go beyond theirs. Everybody gets another look.
+            self.pass_due = True
+            grants += self.schedule(now)
         for g in grants:
             self._consume_reclaimed(self.jobs[g.job_id].queue, len(g.gpu_indices))
         for g in grants:
@@ -863,9 +983,10 @@ class RMCore:
         if now >= self._next_preempt_check:
             self._next_preempt_check = now + PREEMPT_CHECK_S
             self.preempt(now)
+            self.preempt_in_queue(now)
             self.revoke_hoarded(now)
         s = self.settings
-        for c in list(self.containers.values()):
+        for c in list(self.live.values()):
             if not c.phase.live:
                 continue
             if c.stop_requested:
@@ -906,24 +1027,25 @@ class RMCore:
         """Start the preemptions starving queues are owed (see rm/preemption.py)."""
         book = self.queues
         shares = book.shares(self.cluster.capacity)
-        reclaiming: dict[str, int] = {}
-        busy: set[str] = set()
-        for c in self.containers.values():
-            if c.phase.live and c.preempt_deadline:
-                reclaiming[c.preempted_for] = reclaiming.get(c.preempted_for, 0) + c.gpus
-                busy.add(c.job_id)
+        reclaiming = {q: g for q, g in self.reclaiming_live.items() if g > 0}
         for queue, holds in list(self.reclaimed.items()):
             holds[:] = [(g, until) for g, until in holds if until > now]
             reclaiming[queue] = reclaiming.get(queue, 0) + sum(g for g, _ in holds)
+        if not preemption.owed(book, shares, now, reclaiming):
+            return []                      # the usual case: nobody is owed GPUs; skip gathering candidates
+        inst = shares.instantaneous
+        if not any(book.used.get(q.path, 0) > inst.get(q.path, 0) and q.effective_preemptible
+                   for q in book.tree.leaves):
+            return []                      # owed, but nobody has GPUs to spare
+        holding = self._holding()
+        busy = {c.job_id for c in self.live.values() if c.preempt_deadline}
         candidates = []
-        for job in self.jobs.values():
-            if job.state.terminal or job.job_id in busy:
+        for job_id, held in holding.items():
+            job = self.jobs[job_id]
+            if job.state.terminal or job_id in busy:
                 continue
-            held = [c for c in self.job_containers(job.job_id) if c.kind is ContainerKind.LEARNER]
-            gpus = sum(c.gpus for c in held)
-            if gpus:
-                candidates.append(preemption.Candidate(job.job_id, job.queue, gpus,
-                                                       max(c.created for c in held), job.seq))
+            candidates.append(preemption.Candidate(job_id, job.queue, sum(c.gpus for c in held),
+                                                   max(c.created for c in held), job.seq))
         decisions = preemption.decide(book, shares, now, candidates, reclaiming)
         grace = 0.0
         for d in decisions:
@@ -965,13 +1087,51 @@ class RMCore:
                 revoked.append(c.container_id)
         return revoked
 
+    def next_check(self, now: float) -> float | None:
+        """When time-driven queue work (a starvation timeout running out, a preemption deadline, revoking a
+        hoarded gang, in-queue ranks changing) may next come due; None when nothing can. The daemon ticks every
+        second anyway; the simulator sleeps until then."""
+        book = self.queues
+        signature = (book.version, sum(self.reclaiming_live.values()), len(self.asking))
+        cached = self._next_check
+        if cached is not None and cached[0] == signature and (cached[1] is None or cached[1] > now):
+            return cached[1]
+        shares = book.shares(self.cluster.capacity)
+        preemption.update_starvation(book, shares, now)
+        inst = shares.instantaneous
+        # Only queues above their share can lose GPUs; while none is, nothing can be taken back (and any change
+        # of usage brings this function back anyway).
+        spare = any(book.used.get(q.path, 0) > inst.get(q.path, 0) and q.effective_preemptible
+                    for q in book.tree.leaves)
+        due: list[float] = []
+        for q in book.tree.leaves:
+            s = book.starvation.get(q.path)
+            if s is None or not spare:
+                continue
+            p = q.preemption
+            for since, timeout in ((s.min_since, p.min_share_timeout_s), (s.fair_since, p.fair_share_timeout_s)):
+                if since is not None and timeout is not None:
+                    at = since + timeout
+                    due.append(at if at > now else now + RECHECK_S)   # owed already: look again later
+        if any(g > 0 for g in self.reclaiming_live.values()):
+            due.append(min((c.preempt_deadline for c in self.live.values() if c.preempt_deadline is not None),
+                           default=now + RECHECK_S))
+        if book.waiting(shares) and self.unstarted:
+            due.append(now + HOARD_CHECK_S)      # an incomplete gang holds grants that may be hoarded
+        if self.settings.inqueue_preemption and self.asking:
+            due.append(now + max(self.settings.inqueue_min_run_s / 2, HOARD_CHECK_S))
+        when = max(min(due), now + 1e-6) if due else None
+        self._next_check = (signature, when)
+        return when
+
     def _preempt_job(self, job: Job, d: preemption.Decision, grace_s: float, now: float) -> None:
         deadline = now + grace_s
         ids = []
         for c in self.job_containers(job.job_id):
-            if c.kind is ContainerKind.LEARNER:
+            if c.kind is ContainerKind.LEARNER and not c.preempt_deadline:
                 c.preempt_deadline = deadline
                 c.preempted_for = d.beneficiary
+                self.reclaiming_live[d.beneficiary] = self.reclaiming_live.get(d.beneficiary, 0) + c.gpus
                 self._container_changed(c)
                 ids.append(c.container_id)
         app = self.apps.get(job.job_id)
@@ -982,6 +1142,60 @@ class RMCore:
             app.preempt_reason = reason
         job.waiting_reason = reason
         self._job_changed(job)
+
+    def standing(self, job: Job, now: float) -> priority.Standing:
+        running = [c for c in self.live_by_job.get(job.job_id, {}).values()
+                   if c.kind is ContainerKind.LEARNER and c.started]
+        attained = job.attained_gpu_s + sum(c.gpus * (now - c.started) for c in running)
+        return priority.Standing(
+            job.job_id, job.seq, job.spec.gpus, attained_gpu_s=attained, executed_s=attained / max(job.spec.gpus, 1),
+            waiting_since=job.idle_since, remaining_gpu_s=max(0.0, job.expected_gpu_s - attained),
+            running_since=min((c.started for c in running), default=-1.0))
+
+    def preempt_in_queue(self, now: float) -> list[tuple[str, str]]:
+        """Tiresias-style: inside a leaf with a preemptive policy (las, srtf), a waiting job that outranks
+        running ones takes their GPUs. Off unless `settings.inqueue_preemption` (the simulator's las / srtf)."""
+        if not self.settings.inqueue_preemption:
+            return []
+        holding = self._holding()
+        busy = {c.job_id for c in self.live.values() if c.preempt_deadline}
+        running: dict[str, list[priority.Standing]] = {}
+        waiting: dict[str, list[priority.Standing]] = {}
+        for job_id in self.with_am:
+            job = self.jobs[job_id]
+            leaf = self.queues.tree.by_path.get(job.queue)
+            if leaf is None or not priority.preemptive(self.scheduler.policy_of(leaf)) or job_id in busy:
+                continue
+            target = running if job_id in holding else waiting
+            target.setdefault(job.queue, []).append(self.standing(job, now))
+        out: list[tuple[str, str]] = []
+        idle = self.cluster.free_gpus
+        for queue, waits in waiting.items():
+            policy = self.scheduler.policy_of(self.queues.tree.by_path[queue])
+            pairs = priority.in_queue_victims(policy, now, waits, running.get(queue, []), idle,
+                                              self.settings.inqueue_min_run_s)
+            for victim, beneficiary in pairs:
+                d = preemption.Decision(queue, [], f"outranked by {beneficiary} ({policy.value}) in its own queue")
+                self._preempt_job(self.jobs[victim], d, self.queues.tree.by_path[queue].preemption.grace_s, now)
+            out.extend(pairs)
+        return out
+
+    @property
+    def _ranked(self) -> bool:
+        """Whether any leaf orders its jobs by something that changes with time (las, srtf)."""
+        override = self.scheduler.policy_override
+        if override is not None:
+            return priority.preemptive(override)
+        return self.queues.ranked
+
+    def _reserved(self, now: float) -> dict[str, int]:
+        """GPUs preemption freed for each queue that it has not been granted yet (while the hold lasts)."""
+        out = {}
+        for queue, holds in self.reclaimed.items():
+            gpus = sum(g for g, until in holds if until > now)
+            if gpus:
+                out[queue] = gpus
+        return out
 
     def _consume_reclaimed(self, queue: str, gpus: int) -> None:
         held = self.reclaimed.get(queue)
@@ -1025,6 +1239,7 @@ class RMCore:
             return sorted(set(problems))
         self.queues.replace_tree(tree)
         self._rebuild_queue_book()
+        self.pass_due = True
         for app in self.apps.values():
             app.app.queue = self.jobs[app.app.job_id].queue
         return []
@@ -1045,21 +1260,29 @@ class RMCore:
         """Jobs running on borrowed GPUs: in each preemptible leaf, the newest jobs whose GPUs take the queue
         above its steady share."""
         steady = self.queues.shares(self.cluster.capacity).steady
-        by_queue: dict[str, list[Job]] = {}
-        for job in self.jobs.values():
+        by_queue: dict[str, list[tuple[Job, int]]] = {}
+        for job_id, held in self._holding().items():
+            job = self.jobs[job_id]
             if not job.state.terminal:
-                by_queue.setdefault(job.queue, []).append(job)
+                by_queue.setdefault(job.queue, []).append((job, sum(c.gpus for c in held)))
         out: set[str] = set()
         for queue, jobs in by_queue.items():
             leaf = self.queues.tree.by_path.get(queue)
             if leaf is None or not leaf.effective_preemptible:
                 continue
             used = 0
-            for job in sorted(jobs, key=lambda j: (j.start_time or float("inf"), j.seq)):
-                held = self.gpus_held(job.job_id)
-                used += held
-                if held and used > steady.get(queue, 0):
+            for job, gpus in sorted(jobs, key=lambda jg: (jg[0].start_time or float("inf"), jg[0].seq)):
+                used += gpus
+                if used > steady.get(queue, 0):
                     out.add(job.job_id)
+        return out
+
+    def _holding(self) -> dict[str, list[Container]]:
+        """Live learner containers per job (only jobs that hold GPUs)."""
+        out: dict[str, list[Container]] = {}
+        for c in self.live.values():
+            if c.kind is ContainerKind.LEARNER:
+                out.setdefault(c.job_id, []).append(c)
         return out
 
     # ------------------------------------------------------------ persistence
@@ -1078,16 +1301,27 @@ class RMCore:
                 self.submit_ids[job.submit_id] = job.job_id
         for c in containers:
             self.containers[c.container_id] = c
-            self.by_job.setdefault(c.job_id, set()).add(c.container_id)
+            self.by_job.setdefault(c.job_id, []).append(c.container_id)
+            if c.phase.live:
+                self._index_live(c)
+        for ids in self.by_job.values():
+            ids.sort(key=lambda cid: (self.containers[cid].created, cid))
         for node in nodes:
             node.last_heartbeat = now
             node.session = ""
-            node.allocated = {}
-            for c in self.containers.values():
-                if c.node_id == node.node_id and c.phase.live:
-                    for i in c.gpu_indices:
-                        node.allocated[i] = c.container_id
+            node.allocated = {}          # rebuilt below from the live containers
             self.cluster.upsert(node)
+        for c in self.live.values():
+            if c.node_id in self.cluster.nodes:
+                self.cluster.allocate(c.node_id, c.gpu_indices, c.container_id)
+        for job in self.jobs.values():
+            if job.state.terminal:
+                continue
+            if job.am_container and job.am_container in self.live:
+                self.with_am[job.job_id] = None
+            else:
+                job.am_container = ""
+                self._want_am(job)
         self.next_job_seq = int(meta.get("next_job_seq", "1"))
         self.next_container_seq = int(meta.get("next_container_seq", "1"))
         self._rebuild_queue_book()
@@ -1107,6 +1341,8 @@ class RMCore:
         """Why an unfinished job waits: its AM's account, and the RM's when the RM holds it back."""
         if job.state.terminal:
             return ""
+        if job.job_id not in self.with_am:
+            return self.queued_reason(job)
         app = self.apps.get(job.job_id)
         rm_reason = f"RM: {app.app.blocked}" if app is not None and app.app.blocked else ""
         return "; ".join(x for x in (job.waiting_reason, rm_reason) if x)

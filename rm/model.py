@@ -115,6 +115,8 @@ class Job:
     am_registered: list[int] = field(default_factory=list)  # AM attempts that came up
     am_launch_failures: int = 0
     admitted: bool = False           # got an AM: counts against its queues' max_running_jobs
+    idle_since: float = 0.0          # when it last held no GPUs (submit, or its last learner's end)
+    expected_gpu_s: float = 0.0      # known total GPU-time (the simulator's traces; 0 = unknown)
 
     @property
     def current_attempt(self) -> Attempt | None:

@@ -56,16 +56,16 @@ def update_starvation(book: QueueBook, shares: Shares, now: float) -> None:
             s.fair_since = None
 
 
-def decide(book: QueueBook, shares: Shares, now: float, candidates: list[Candidate],
-           reclaiming: dict[str, int]) -> list[Decision]:
-    """Preemptions to start now. `reclaiming`: GPUs already being taken back, per beneficiary queue."""
+def owed(book: QueueBook, shares: Shares, now: float, reclaiming: dict[str, int]) -> dict[str, tuple[int, str]]:
+    """Starving leaf queues whose timeout has run out: the GPUs each is owed (beyond what is already being
+    reclaimed for it) and why. Updates the starvation clocks first."""
     update_starvation(book, shares, now)
     inst = shares.instantaneous
-    decisions: list[Decision] = []
-    taken: set[str] = set()
-    left_over: dict[str, int] = {}       # victim queue -> GPUs it may still lose this round
+    out: dict[str, tuple[int, str]] = {}
     for q in book.tree.leaves:
         s = book.starvation[q.path]
+        if s.min_since is None and s.fair_since is None:
+            continue
         p = q.preemption
         used = book.used.get(q.path, 0)
         demand = book.demand.get(q.path, 0)
@@ -80,8 +80,20 @@ def decide(book: QueueBook, shares: Shares, now: float, candidates: list[Candida
             reasons.append(f"below {p.fair_share_threshold:g} x its fair share ({used} of {inst.get(q.path, 0)}) for "
                            f"{now - s.fair_since:.0f}s")
         want -= reclaiming.get(q.path, 0)
-        if want <= 0:
-            continue
+        if want > 0:
+            out[q.path] = (want, " and ".join(reasons))
+    return out
+
+
+def decide(book: QueueBook, shares: Shares, now: float, candidates: list[Candidate],
+           reclaiming: dict[str, int]) -> list[Decision]:
+    """Preemptions to start now. `reclaiming`: GPUs already being taken back, per beneficiary queue."""
+    inst = shares.instantaneous
+    decisions: list[Decision] = []
+    taken: set[str] = set()
+    left_over: dict[str, int] = {}       # victim queue -> GPUs it may still lose this round
+    for path, (want, why) in owed(book, shares, now, reclaiming).items():
+        q = book.tree.by_path[path]
         victims: list[Candidate] = []
         got = 0
         for c in sorted(candidates, key=lambda c: (-c.started, -c.seq)):
@@ -100,5 +112,9 @@ def decide(book: QueueBook, shares: Shares, now: float, candidates: list[Candida
             taken.add(c.job_id)
             got += c.gpus
         if victims:
-            decisions.append(Decision(q.path, victims, f"queue {q.short} was " + " and ".join(reasons)))
+            decisions.append(Decision(q.path, victims, f"queue {q.short} was {why}"))
+            # Answered: its clocks start again, so it is not answered twice before the GPUs reach it.
+            s = book.starvation[path]
+            s.min_since = now if s.min_since is not None else None
+            s.fair_since = now if s.fair_since is not None else None
     return decisions

@@ -26,13 +26,16 @@ class QueueBook:
         self.jobs_active: dict[str, int] = defaultdict(int)   # jobs with an AM or GPUs, per queue and ancestor
         self.starvation: dict[str, Starvation] = defaultdict(Starvation)
         self._capacity = -1
-        self._active: frozenset[str] = frozenset()
         self._shares: Shares | None = None
+        self.version = 0                 # bumped on every change of usage, demand, admissions or the tree
+        self._waiting: tuple[int, int, set[str]] | None = None
+        self.ranked = self._ranked()
 
     # -- accounting (the core calls these on every change)
     def charge(self, leaf: str, user: str, gpus: int) -> None:
         """GPUs granted (positive) or freed (negative) to a job of `user` in `leaf`."""
         q = self.tree.by_path.get(leaf)
+        self.version += 1
         self.user_used[(leaf, user)] += gpus
         for a in q.ancestry() if q is not None else ():
             self.used[a.path] += gpus
@@ -40,19 +43,24 @@ class QueueBook:
     def want(self, leaf: str, gpus: int) -> None:
         """A job of `gpus` GPUs entered (positive) or left (negative) the queue's demand."""
         q = self.tree.by_path.get(leaf)
+        self.version += 1
+        before = self.demand.get(leaf, 0) > 0
         for a in q.ancestry() if q is not None else ():
             self.demand[a.path] += gpus
+        if (self.demand.get(leaf, 0) > 0) != before:
+            self._shares = None            # the set of active queues changed: instantaneous shares move
 
     def activate(self, leaf: str, delta: int) -> None:
+        self.version += 1
         q = self.tree.by_path.get(leaf)
         for a in q.ancestry() if q is not None else ():
             self.jobs_active[a.path] += delta
 
     # -- shares
     def shares(self, capacity: int) -> Shares:
-        active = frozenset(q.path for q in self.tree.leaves if self.demand.get(q.path, 0) > 0)
-        if self._shares is None or capacity != self._capacity or active != self._active:
-            self._capacity, self._active = capacity, active
+        """Fair shares, recomputed only when capacity, the set of queues with demand or the tree changed."""
+        if self._shares is None or capacity != self._capacity:
+            self._capacity = capacity
             leaf_demand = {q.path: self.demand.get(q.path, 0) for q in self.tree.leaves}
             self._shares = compute_shares(self.tree.share_tree(leaf_demand), capacity)
         return self._shares
@@ -60,13 +68,23 @@ class QueueBook:
     def waiting(self, shares: Shares) -> set[str]:
         """Leaves that want more than they use while below their instantaneous share: while any waits, no
         other queue may go above its share."""
+        cached = self._waiting
+        if cached is not None and cached[0] == self.version and cached[1] == id(shares):
+            return cached[2]
         inst = shares.instantaneous
-        return {q.path for q in self.tree.leaves
-                if self.demand.get(q.path, 0) > self.used.get(q.path, 0)
-                and self.used.get(q.path, 0) < inst.get(q.path, 0)}
+        waiting = {q.path for q in self.tree.leaves
+                   if self.demand.get(q.path, 0) > self.used.get(q.path, 0)
+                   and self.used.get(q.path, 0) < inst.get(q.path, 0)}
+        self._waiting = (self.version, id(shares), waiting)
+        return waiting
+
+    def _ranked(self) -> bool:
+        """Whether some leaf's policy ranks jobs by something that changes over time (las)."""
+        return any(q.effective_policy.value in ("las", "srtf") for q in self.tree.leaves)
 
     def invalidate(self) -> None:
         self._shares = None
+        self.version += 1
 
     def ratio(self, path: str, capacity: int) -> float:
         """How served a queue is: GPUs used over its instantaneous share (lower = needier)."""
@@ -89,6 +107,8 @@ class QueueBook:
     def replace_tree(self, tree: QueueTree) -> None:
         """Adopt a new config; usage and demand are re-derived by the caller."""
         self.tree = tree
+        self.version += 1
+        self.ranked = self._ranked()
         self.used.clear()
         self.demand.clear()
         self.user_used.clear()

@@ -7,9 +7,11 @@ that path change and the order is updated (sorted containers, so the pass never 
 next ask does not fit is set aside for the rest of the pass.
 
 Limits: a grant may not take a queue (or an ancestor) above `max_gpus`, nor a user above `max_gpus_per_user`.
-Oversubscription: a queue may use idle GPUs beyond its share, except while another queue waits below its
-instantaneous share (no hoarding past the share). A container that takes its queue above its steady share is
-marked preemptible. The AM chooses servers (asks name nodes); the scheduler decides who gets what is free.
+Oversubscription: a queue may use idle GPUs beyond its share (preemption takes them back when their owner needs
+them), but while another queue waits below its instantaneous share, a grant beyond the share is refused if it would
+leave the job's gang incomplete: no incomplete gang hoards GPUs past its queue's share. GPUs freed by preemption are
+reserved for the queue they were taken back for. A container that takes its queue above its steady share is marked
+preemptible. The AM chooses servers (asks name nodes); the scheduler decides who gets what is free.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from sortedcontainers import SortedList
 
 from gpurm.queues.tree import Policy, QueueDef
 from gpurm.rm.cluster import Cluster, pick_gpus
+from gpurm.rm.priority import Standing, rank
 from gpurm.rm.queuebook import QueueBook
 
 
@@ -53,7 +56,7 @@ class App:
     seq: int                      # submission order
     asks: list[Ask] = field(default_factory=list)
     held_gpus: int = 0
-    attained_gpu_s: float = 0.0   # for `las`
+    standing: Standing | None = None   # for `las` / `srtf` (the core fills it in before a pass)
     blocked: str = ""             # why the last pass could not grant its next ask, when the reason is the RM's
 
     @property
@@ -82,18 +85,25 @@ def subtract_grants(asks: list[Ask], grants: Iterable[tuple[str, str, int]]) -> 
     return [a for a in out if a.count > 0]
 
 
-def policy_key(policy: Policy) -> Callable[[App], tuple[float, int]]:
-    if policy is Policy.LAS:
-        return lambda a: (a.attained_gpu_s, a.seq)
-    return lambda a: (0.0, a.seq)
+def policy_key(policy: Policy, now: float) -> Callable[[App], tuple[float, float, int]]:
+    key = rank(policy, now)
+    return lambda a: key(a.standing or Standing(a.job_id, a.seq, 0))
 
 
 class Scheduler:
     def __init__(self, cluster: Cluster, book: QueueBook) -> None:
         self.cluster = cluster
         self.book = book
+        self.reserved: dict[str, int] = {}
+        self.policy_override: Policy | None = None   # the simulator's --policy: every leaf uses it
 
-    def schedule(self, apps: Iterable[App], new_container_id: Callable[[str], str]) -> list[Grant]:
+    def policy_of(self, leaf: QueueDef) -> Policy:
+        return self.policy_override or leaf.effective_policy
+
+    def schedule(self, apps: Iterable[App], new_container_id: Callable[[str], str], now: float = 0.0,
+                 reserved: dict[str, int] | None = None) -> list[Grant]:
+        """One pass. `reserved`: GPUs freed by preemption and held for a queue, per queue."""
+        self.reserved = dict(reserved or {})
         tree = self.book.tree
         capacity = self.cluster.capacity
         shares = self.book.shares(capacity)
@@ -106,10 +116,10 @@ class Scheduler:
             return []
         queues: dict[str, deque[App]] = {}
         for leaf, members in by_leaf.items():
-            members.sort(key=policy_key(tree.by_path[leaf].effective_policy))
+            members.sort(key=policy_key(self.policy_of(tree.by_path[leaf]), now))
             queues[leaf] = deque(members)
         # Leaves that want more than they use while below their share: nobody else may go above theirs.
-        waiting = self.book.waiting(shares)
+        waiting = set(self.book.waiting(shares))     # a copy: this pass changes it as queues reach their share
         children: dict[str, SortedList] = {}
         keys: dict[str, tuple[float, str]] = {}
 
@@ -162,6 +172,8 @@ class Scheduler:
             if grant is not None:
                 grants.append(grant)
                 gpus = len(grant.gpu_indices)
+                if self.reserved.get(path):
+                    self.reserved[path] = max(0, self.reserved[path] - gpus)
                 self.book.charge(path, app.user, gpus)
                 app.held_gpus += gpus
                 if self.book.used[path] >= shares.instantaneous.get(path, 0):
@@ -183,10 +195,16 @@ class Scheduler:
             app.blocked = limit
             return None
         used_after = self.book.used.get(leaf.path, 0) + ask.gpus
-        if used_after > inst.get(leaf.path, 0) and len(waiting) > (leaf.path in waiting):
+        incomplete = ask.count > 1 or len(app.asks) > 1          # more of its gang would still be missing
+        if incomplete and used_after > inst.get(leaf.path, 0) and len(waiting) > (leaf.path in waiting):
             others = [p for p in sorted(waiting)[:4] if p != leaf.path][:3]
             app.blocked = (f"queue {leaf.short} would go above its fair share ({inst.get(leaf.path, 0)} GPUs) "
-                           f"while {', '.join(tree_short(p) for p in others)} wait below theirs")
+                           f"with an incomplete gang while {', '.join(tree_short(p) for p in others)} wait below "
+                           "theirs")
+            return None
+        held_for_others = sum(self.reserved.values()) - self.reserved.get(leaf.path, 0)
+        if held_for_others > 0 and self.cluster.free_gpus - ask.gpus < held_for_others:
+            app.blocked = "idle GPUs are held for a queue that preemption took them back for"
             return None
         if ask.node_id:
             if self.cluster.free(ask.node_id) < ask.gpus:

@@ -11,6 +11,13 @@ from pathlib import Path
 
 import pytest
 
+PHILLY = Path(__file__).resolve().parent / "data" / "philly"    # the Philly trace, vendored (CC BY 4.0)
+
+
+def philly_data(name: str) -> Path:
+    """A file of the vendored Philly data set (tests/data/philly/)."""
+    return PHILLY / name
+
 
 def free_port() -> int:
     """A port nobody listens on right now (bind to 0, read it back, release)."""

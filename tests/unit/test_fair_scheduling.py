@@ -104,22 +104,34 @@ def test_max_gpus_per_user() -> None:
     assert len(rig.ask(j3, [Ask(gpus=4)])) == 1
 
 
-def test_no_hoarding_past_the_share_while_another_queue_waits() -> None:
+def test_no_incomplete_gang_goes_past_the_share_while_another_queue_waits() -> None:
+    rig = Rig(TWO)
+    a_jobs = [rig.job("a", 8), rig.job("a", 8), rig.job("a", 16)]
+    jb = rig.job("b", 16)
+    rig.ask(a_jobs[0], [Ask(gpus=8, node_id="n0")])
+    rig.ask(a_jobs[1], [Ask(gpus=8, node_id="n1")])
+    # b waits for n0 + n1 (held by a). a's 16-GPU gang may not take n2 and n3: it would be incomplete above
+    # a's share (16) after the first of them.
+    rig.ask(jb, [Ask(gpus=8, node_id="n0"), Ask(gpus=8, node_id="n1")])
+    assert rig.ask(a_jobs[2], [Ask(gpus=8, node_id="n2"), Ask(gpus=8, node_id="n3")]) == []
+    assert "incomplete gang" in rig.core.why_waiting(rig.core.jobs[a_jobs[2]])
+
+
+def test_a_complete_gang_may_use_idle_gpus_beyond_the_share_while_another_queue_waits() -> None:
     rig = Rig(TWO)
     a_jobs = [rig.job("a", 8) for _ in range(3)]
     jb = rig.job("b", 16)
     rig.ask(a_jobs[0], [Ask(gpus=8, node_id="n0")])
     rig.ask(a_jobs[1], [Ask(gpus=8, node_id="n1")])
-    # b waits for n0 + n1 (held by a); a may not take n2 too: it would go above its share of 16.
     rig.ask(jb, [Ask(gpus=8, node_id="n0"), Ask(gpus=8, node_id="n1")])
-    assert rig.ask(a_jobs[2], [Ask(gpus=8, node_id="n2")]) == []
-    assert "above its fair share" in rig.core.why_waiting(rig.core.jobs[a_jobs[2]])
+    assert len(rig.ask(a_jobs[2], [Ask(gpus=8, node_id="n2")])) == 1   # oversubscription: preemptible
+    assert a_jobs[2] in rig.core.preemptible_jobs()
 
 
 def test_las_serves_the_least_attained_job_first() -> None:
     rig = Rig("queues:\n  a: {policy: las}\n", nodes=1)
     old, new = rig.job("a", 8), rig.job("a", 8)
-    rig.core.jobs[old].attained_gpu_s = 1000.0        # the older job has had much service already
+    rig.core.jobs[old].attained_gpu_s = 5000.0        # above the first LAS threshold (1 GPU-hour)
     rig.ask(old, [Ask(gpus=8)], schedule=False)
     rig.ask(new, [Ask(gpus=8)], schedule=False)
     (g,) = rig.core.schedule(rig.now)

@@ -74,6 +74,7 @@ def test_timeout_releases_backs_off_relaxes_and_then_succeeds() -> None:
     # Fragmented: 16 GPUs cannot be packed on 2 servers; the rack level takes 3 servers.
     rig = Rig(spec(16), [srv("a", "r1", 6), srv("b", "r1", 6), srv("c", "r1", 6)])
     assert rig.m.asks() == [] and rig.m.phase is Phase.PLANNING
+    rig.m.take_reports(rig.now)
     assert "packed on 2 servers" in rig.m.attempt.waiting_reason
     rig.advance(59.0)
     assert rig.m.level is LocalityLevel.PACKED
@@ -194,3 +195,18 @@ def test_restarted_am_adopts_running_learners() -> None:
     m.on_ended(Ended("c1", 0), 101.0)
     m.on_ended(Ended("c2", 0), 101.0)
     assert m.final is not None and m.final.state is JobState.SUCCEEDED
+
+
+def test_a_stop_wait_that_runs_out_moves_on_at_exactly_its_deadline() -> None:
+    rig = Rig(spec(8, retries=3), [srv("a", "r1", 8)])
+    rig.grant_all()
+    launch = rig.launch()
+    rig.start_all(launch)
+    rig.m.on_preempted([h.container_id for h, _, _ in launch.learners], 10.0, rig.now)
+    assert rig.m.phase is Phase.STOPPING
+    deadline = rig.m.next_deadline()
+    assert deadline is not None
+    rig.now = deadline
+    rig.m.step(rig.now)                      # the learner never confirmed its end: give up waiting now
+    assert rig.m.phase is not Phase.STOPPING and rig.m.attempt.number == 2
+    assert (rig.m.next_deadline() or float("inf")) > rig.now

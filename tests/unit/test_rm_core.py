@@ -103,14 +103,13 @@ def test_allocate_grants_asked_nodes_and_retries_get_the_same_answer() -> None:
 def test_grants_not_yet_seen_are_not_granted_twice() -> None:
     core = cluster(2)
     job = started_job(core, gpus=8)
-    core.allocate(job, 1, 0, [], [], [], 2.0)
-    # A grant made by a pass the AM has not heard of yet still counts against its (unchanged) asks.
+    r = core.allocate(job, 1, 0, [Ask(gpus=8, node_id="n1")], [], [], 2.0, schedule=False)   # pass deferred
     app = core.apps[job]
-    app.app.asks = [Ask(gpus=8, node_id="n1")]
-    core.schedule(2.1)
+    core.schedule(2.1)                                # the deferred pass grants n1; the AM has not heard yet
     assert len(app.pending_grants) == 1
-    r = core.allocate(job, 1, 1, [Ask(gpus=8, node_id="n1")], [], [], 2.2)
-    assert len(r.grants) == 1 and core.cluster.free("n2") == 8
+    # The AM repeats its unchanged ask: the grant it has not seen counts against it, so nothing more is granted.
+    r = core.allocate(job, 1, r.response_id, [Ask(gpus=8, node_id="n1")], [], [], 2.2)
+    assert len(r.grants) == 1 and core.cluster.free("n2") == 8 and core.cluster.free("n1") == 0
 
 
 def test_container_lifecycle_reaches_the_am_and_frees_gpus() -> None:

@@ -1,0 +1,551 @@
+"""The discrete-event simulator: the real RMCore (queues, scheduler, preemption) and one real AM `Master` per job,
+driven on a virtual clock. Nothing here decides who gets GPUs; it only plays the parts of the agents (processes
+start at once, end when their work is done or when told to stop) and of the AM shells (call allocate, launch what
+the Master launches).
+
+Time advances from event to event: job arrivals, learners finishing, injected failures, AM timers (a locality
+level timing out, a back-off ending), preemption deadlines, and starvation checks. After each event the engine
+*settles*: it runs the RM's scheduling pass and drives every AM that has news until nothing moves.
+
+Speed: only the AMs that can act are driven. Grants, ends and preemption notices name their jobs; an AM still
+planning is woken only when enough GPUs may have come free for it (an index of planning AMs by size), and the
+planner answers most "does anything fit" questions from the view's aggregates alone.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import random
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import cast
+
+from sortedcontainers import SortedList
+
+from gpurm.am.master import AttemptRecord, Ended, Held, Launch, Master, Phase, Stop
+from gpurm.am.placement import ServerView, View
+from gpurm.queues.tree import Policy, QueueTree
+from gpurm.rm import priority
+from gpurm.rm.cluster import GpuRecord
+from gpurm.rm.core import AttemptUpdate, ContainerReport, LaunchAM, NodeRegistration, RMCore, RMSettings
+from gpurm.rm.jobspec import JobSpec
+from gpurm.rm.model import Container, ContainerKind, ExitKind, JobState
+from gpurm.rm.scheduler import Ask
+from gpurm.sim.clusterspec import SimServer
+from gpurm.sim.metrics import JobResult, Timeline
+from gpurm.sim.trace import Trace, TraceJob
+
+log = logging.getLogger(__name__)
+
+# Event kinds, in the order they are handled when simultaneous.
+FINISH, FAIL, ARRIVE, TIMER, CHECK = range(5)
+SETTLE_LIMIT = 10000           # rounds of driving AMs after one event (a bug guard: real settles take a few)
+WAKE_SCAN = 256                # idle AMs looked at per queue when GPUs come free
+
+
+@dataclass
+class SimOptions:
+    policy: Policy | None = None           # every leaf uses this policy (None: the queue config's)
+    failures_per_1000_gpu_h: float = 0.0   # injected infrastructure failures (Poisson, per learner GPU-hour)
+    seed: int = 0
+    max_acquiring_per_queue: int = 10**9   # the RM's AM admission cap per queue (off by default: see docs/sim.md)
+    max_retries: int = 3
+    inqueue_min_run_s: float = 60.0
+
+
+@dataclass
+class Run:
+    """One attempt's learners while they run."""
+
+    token: int
+    start: float
+    containers: dict[str, str]           # container -> node
+    ended: bool = False
+
+
+@dataclass
+class SimAM:
+    job_id: str                          # the RM's job id
+    trace: TraceJob
+    master: Master
+    am_attempt: int
+    am_container: str
+    am_node: str
+    response_id: int = 0
+    progress_s: float = 0.0              # work done (seconds at full speed), kept across attempts (checkpoints)
+    run: Run | None = None
+    wake_at: float | None = None
+    first_start: float | None = None
+    done: bool = False
+
+
+@dataclass
+class SimResult:
+    results: list[JobResult]
+    timeline: Timeline
+    capacity: int
+    wall_s: float
+    events: int
+    settles: int
+    preemptions: int
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, trace: Trace, servers: list[SimServer], tree: QueueTree, options: SimOptions) -> None:
+        self.trace = trace
+        self.options = options
+        policy = options.policy
+        settings = RMSettings(
+            heartbeat_interval_s=1e15, missed_beats=1, container_start_timeout_s=1e15, am_register_timeout_s=1e15,
+            am_liveness_timeout_s=1e15, max_active_ams=10**9, max_acquiring_per_queue=options.max_acquiring_per_queue,
+            kill_grace_s=0.0, inqueue_preemption=policy in (Policy.LAS, Policy.SRTF),
+            inqueue_min_run_s=options.inqueue_min_run_s)
+        self.core = RMCore(settings, tree)
+        self.core.scheduler.policy_override = policy
+        for server in servers:
+            self.core.register_node(NodeRegistration(server.node_id, "sim", 1, server.rack, server.rack,
+                                                     [GpuRecord(i) for i in range(server.gpus)]), server.node_id, 0.0)
+        self.core.take_outbox()
+        self.capacity = sum(s.gpus for s in servers)
+        self.servers = servers
+        self.events: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        self.ams: dict[str, SimAM] = {}
+        self.by_trace: dict[str, str] = {}
+        self._pending_trace: dict[str, TraceJob] = {}    # submitted, AM not started yet
+        self.dirty: dict[str, None] = {}
+        # (GPUs, job id) of idle AMs: planning or backing off, holding and asking nothing. They get no timer
+        # events; GPUs coming free wake them, and they catch up on their timers first (Master.catch_up).
+        # Per leaf queue, in the queue's policy order: (rank, GPUs, job id). See wake_planners.
+        self.idle: dict[str, SortedList] = {}
+        self.idle_key: dict[str, tuple[str, tuple[object, ...]]] = {}
+        # Servers each acquiring AM (holding nothing) waits on: a grant there may have taken them from it.
+        self.asked_on: dict[str, dict[str, None]] = {}
+        self.asking_nodes: dict[str, tuple[str, ...]] = {}
+        self.beneficiary: dict[str, str] = {}     # in-queue preemption victim -> the job it makes room for
+        self.results: list[JobResult] = []
+        self.timeline = Timeline(times=[], allocated=[], per_queue={q.path: [] for q in tree.leaves})
+        self._last_used: tuple[int, ...] | None = None
+        self._view: View | None = None
+        self._view_version = -1
+        self._server_views: dict[str, ServerView] = {}
+        self._token = 0
+        self._check_at: float | None = None
+        self._woken_at_release = -1
+        self.rng = random.Random(options.seed)
+        self.n_events = 0
+        self.n_settles = 0
+
+    # ------------------------------------------------------------ event queue
+
+    def push(self, at: float, kind: int, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, (at, kind, self._seq, payload))
+
+    def run(self, progress: Callable[[float, int, int], None] | None = None) -> SimResult:
+        t0 = time.perf_counter()
+        for job in self.trace.jobs:
+            self.push(job.submit_s, ARRIVE, job)
+        done_before = 0
+        last_report = t0
+        while self.events:
+            now, kind, _, payload = heapq.heappop(self.events)
+            self.n_events += 1
+            moved = self.handle(now, kind, payload)
+            # Take every event of the same instant before settling: fewer, fuller passes.
+            while self.events and self.events[0][0] == now:
+                _, kind, _, payload = heapq.heappop(self.events)
+                self.n_events += 1
+                moved = self.handle(now, kind, payload) or moved
+            if moved:
+                self.settle(now)
+            if progress is not None and time.perf_counter() - last_report > 0.5:
+                last_report = time.perf_counter()
+                if len(self.results) != done_before:
+                    done_before = len(self.results)
+                progress(now, len(self.results), len(self.trace.jobs))
+        self.finish_unfinished()
+        wall = time.perf_counter() - t0
+        return SimResult(self.results, self.timeline, self.capacity, wall, self.n_events, self.n_settles,
+                         sum(r.preemptions for r in self.results))
+
+    def handle(self, now: float, kind: int, payload: object) -> bool:
+        """Apply one event; False when it turned out to change nothing (a stale timer), so no settle is due."""
+        if kind == ARRIVE:
+            assert isinstance(payload, TraceJob)
+            self.arrive(payload, now)
+        elif kind == FINISH:
+            job_id, token = cast(tuple[str, int], payload)
+            self.learners_done(job_id, token, now)
+        elif kind == FAIL:
+            job_id, token, node = cast(tuple[str, int, str], payload)
+            self.learner_failed(job_id, token, node, now)
+        elif kind == TIMER:
+            job_id, at = cast(tuple[str, float], payload)
+            am = self.ams.get(job_id)
+            if am is None or am.done or am.wake_at != at:
+                return False
+            am.wake_at = None
+            if am.master.idle and self.view().total_free < am.trace.gpus:
+                return False                      # nothing fits any more: back to waiting for a release
+            self.dirty[job_id] = None
+        elif kind == CHECK:
+            if payload != self._check_at:
+                return False                      # a later-scheduled check replaced this one
+            self._check_at = None
+            self.check_preemption(now)
+        return True
+
+    # ------------------------------------------------------------ jobs arriving, AMs starting
+
+    def arrive(self, tj: TraceJob, now: float) -> None:
+        spec = JobSpec(gpus=tj.gpus, command=["sim"], name=tj.name or tj.job_id, queue=tj.queue,
+                       max_retries=self.options.max_retries)
+        job = self.core.submit(spec, tj.user or "sim", now, submit_id=tj.job_id)
+        job.expected_gpu_s = tj.duration_s * tj.gpus
+        self.by_trace[job.job_id] = tj.job_id
+        self._pending_trace[job.job_id] = tj
+
+    def start_ams(self, now: float) -> None:
+        for effect in self.core.take_outbox():
+            if not isinstance(effect, LaunchAM):
+                continue
+            tj = self._pending_trace.pop(effect.job_id)
+            self.report(effect.node_id, [ContainerReport(effect.container_id, "RUNNING", pid=1)], now)
+            job, _ = self.core.register_am(effect.job_id, effect.am_attempt, now)
+            seed = zlib.crc32(f"{self.options.seed}:{tj.job_id}".encode())
+            master = Master(job.spec, now, rng=random.Random(seed))
+            am = SimAM(effect.job_id, tj, master, effect.am_attempt, effect.container_id, effect.node_id)
+            self.ams[effect.job_id] = am
+            master.on_view(self.view(), now)
+            self.dirty[effect.job_id] = None
+
+    # ------------------------------------------------------------ the cluster view, shared by every AM
+
+    def view(self) -> View:
+        cluster = self.core.cluster
+        if self._view is None or cluster.version != self._view_version:
+            for node_id in cluster.take_changed():
+                n = cluster.nodes[node_id]
+                self._server_views[node_id] = ServerView(node_id, n.rack, n.healthy_gpus, tuple(n.free_indices()),
+                                                         tuple(tuple(i) for i in n.islands), n.ib_domain)
+            self._view = View(self._server_views[k] for k in sorted(self._server_views))
+            self._view_version = cluster.version
+        return self._view
+
+    # ------------------------------------------------------------ settling
+
+    def settle(self, now: float) -> None:
+        self.n_settles += 1
+        self.start_ams(now)
+        for _ in range(SETTLE_LIMIT):
+            self.wake_planners(now)
+            grants = self.core.schedule(now)
+            for grant in grants:
+                self.dirty[grant.job_id] = None
+            if grants:
+                view = self.view()
+                for node_id in {g.node_id: None for g in grants}:
+                    for job_id in self.asked_on.get(node_id, ()):
+                        if job_id not in self.dirty and self.ams[job_id].master.plan_taken_in(view):
+                            self.dirty[job_id] = None   # the grant took GPUs from under its plan: let it look
+            if not self.dirty:
+                break
+            batch, self.dirty = list(self.dirty), {}
+            for job_id in batch:
+                am = self.ams.get(job_id)
+                if am is not None and not am.done:
+                    self.drive(am, now)
+            self.apply_stop_orders(now)
+            self.start_ams(now)
+        else:
+            raise RuntimeError(f"the simulation did not settle at t={now}: {len(self.dirty)} AMs still moving")
+        self.record_usage(now)
+        self.schedule_check(now)
+
+    def wake_planners(self, now: float) -> None:
+        """After GPUs came free, wake idle AMs that might now fit, in the order the RM serves them (neediest queue
+        first, then the queue's policy), until their sizes add up to twice what is free: the RM would refuse the
+        rest anyway, and waking every waiting AM for one free GPU makes a thundering herd. Taking GPUs never
+        makes a plan possible that was not, so nothing is woken without a release."""
+        releases = self.core.cluster.releases
+        if not self.idle or releases == self._woken_at_release:
+            return
+        self._woken_at_release = releases
+        view = self.view()
+        free = view.total_free
+        if free <= 0:
+            return
+        book = self.core.queues
+        shares = book.shares(self.core.cluster.capacity)
+        inst = shares.instantaneous
+
+        def neediness(queue: str) -> tuple[float, str]:
+            share, used = inst.get(queue, 0), book.used.get(queue, 0)
+            return ((used / share) if share > 0 else (float("inf") if used else 1e9), queue)
+
+        budget = 2 * free
+        woken = 0
+        for queue in sorted((q for q, members in self.idle.items() if members), key=neediness):
+            scanned = 0
+            for entry in list(self.idle[queue]):
+                gpus, job_id = entry[1], entry[2]
+                scanned += 1
+                if scanned > WAKE_SCAN:
+                    break
+                if gpus > free:
+                    continue
+                am = self.ams[job_id]
+                am.master.catch_up(now)
+                if am.master.phase is Phase.PLANNING and not view.cannot_fit(gpus, am.master.level):
+                    self.dirty[job_id] = None
+                    woken += gpus
+                    if woken >= budget:
+                        return
+                else:
+                    self.arm_timer(am, now)      # it fits somewhere now: its timers (relaxing) can lead there
+
+    def set_idle(self, am: SimAM, now: float, idle: bool) -> None:
+        old = self.idle_key.pop(am.job_id, None)
+        if old is not None:
+            self.idle[old[0]].discard(old[1])
+        if idle:
+            job = self.core.jobs[am.job_id]
+            leaf = self.core.queues.tree.by_path[job.queue]
+            rank = priority.rank(self.core.scheduler.policy_of(leaf), now)(self.core.standing(job, now))
+            key = (rank, am.trace.gpus, am.job_id)
+            self.idle.setdefault(job.queue, SortedList()).add(key)
+            self.idle_key[am.job_id] = (job.queue, key)
+
+    def drive(self, am: SimAM, now: float) -> None:
+        m = am.master
+        self.set_idle(am, now, False)
+        m.catch_up(now)
+        m.on_view(self.view(), now)              # the current view, and a step
+        planned = m.asks()
+        asks = [Ask(gpus=g, node_id=n, preferred=idx) for n, g, idx in planned]
+        self.track_asks(am.job_id, tuple(n for n, _, _ in planned) if not m.held else ())
+        reports = [_update(a) for a in m.take_reports(None)]
+        r = self.core.allocate(am.job_id, am.am_attempt, am.response_id, asks, m.take_releases(), reports, now,
+                               schedule=False)
+        am.response_id = r.response_id
+        for g in r.grants:
+            node = self.core.cluster.nodes[g.node_id]
+            m.on_grant(Held(g.container_id, g.node_id, node.rack, node.host, 1, tuple(g.gpu_indices),
+                            preemptible=g.preemptible), now)
+        for c in r.completed:
+            m.on_ended(_ended(c), now)
+        if r.preempt_ids:
+            m.on_preempted(r.preempt_ids, max(0.0, r.preempt_deadline - now), now)
+        if r.kill_requested:
+            m.on_kill("killed", now)
+        m.on_reply()
+        self.execute(am, m.take_actions(), now)
+        if m.final is not None:
+            self.finish(am, now)
+            return
+        if m.releases or m.dirty or m.plan_looks_taken:
+            self.dirty[am.job_id] = None          # more to tell the RM, or its plan to settle
+        if m.idle:
+            self.set_idle(am, now, True)
+            if self.view().total_free < am.trace.gpus:
+                return                            # nothing can fit until GPUs come free: wake_planners will call
+        self.arm_timer(am, now)
+
+    def track_asks(self, job_id: str, nodes: tuple[str, ...]) -> None:
+        old = self.asking_nodes.pop(job_id, ())
+        for n in old:
+            waiting = self.asked_on.get(n)
+            if waiting is not None:
+                waiting.pop(job_id, None)
+        if nodes:
+            self.asking_nodes[job_id] = nodes
+            for n in nodes:
+                self.asked_on.setdefault(n, {})[job_id] = None
+
+    def arm_timer(self, am: SimAM, now: float) -> None:
+        deadline = am.master.next_deadline()
+        if deadline is not None and deadline <= now:
+            raise RuntimeError(f"AM of {am.job_id} ({am.master.phase.name}) wants waking at {deadline}, "
+                               f"not after now ({now})")
+        if deadline is not None and deadline != am.wake_at:
+            am.wake_at = deadline
+            self.push(deadline, TIMER, (am.job_id, deadline))
+
+    def execute(self, am: SimAM, actions: list[Launch | Stop], now: float) -> None:
+        for action in actions:
+            if isinstance(action, Launch):
+                self.launch(am, action, now)
+            else:
+                self.end_container(action.held.container_id, action.held.node_id,
+                                   ContainerReport(action.held.container_id, "EXITED", signal=15, stopped=True), now)
+
+    def launch(self, am: SimAM, launch: Launch, now: float) -> None:
+        self._token += 1
+        containers = {h.container_id: h.node_id for h, _, _ in launch.learners}
+        am.run = Run(self._token, now, containers)
+        by_node: dict[str, list[ContainerReport]] = {}
+        for h, _, _ in launch.learners:
+            by_node.setdefault(h.node_id, []).append(ContainerReport(h.container_id, "RUNNING", pid=1))
+        for node_id, reports in by_node.items():
+            self.report(node_id, reports, now)
+        for h, _, _ in launch.learners:
+            am.master.on_started(h.container_id, True, 1, "", False, now)
+        if am.first_start is None:
+            am.first_start = now
+        remaining = max(0.0, am.trace.duration_s - am.progress_s)
+        self.push(now + remaining, FINISH, (am.job_id, self._token))
+        rate = self.options.failures_per_1000_gpu_h
+        if rate > 0:
+            per_s = rate / 1000.0 * am.trace.gpus / 3600.0
+            t_fail = self.rng.expovariate(per_s)
+            if t_fail < remaining:
+                node = self.rng.choice(sorted(set(containers.values())))
+                self.push(now + t_fail, FAIL, (am.job_id, self._token, node))
+        self.dirty[am.job_id] = None
+
+    # ------------------------------------------------------------ learners ending
+
+    def learners_done(self, job_id: str, token: int, now: float) -> None:
+        am = self.ams.get(job_id)          # a stale event: the job may have ended another way meanwhile
+        if am is None or am.run is None or am.run.token != token or am.run.ended:
+            return
+        by_node: dict[str, list[str]] = {}
+        for cid, node in am.run.containers.items():
+            by_node.setdefault(node, []).append(cid)
+        for node, cids in by_node.items():
+            for cid in cids:
+                self.end_container(cid, node, ContainerReport(cid, "EXITED", exit_code=0), now)
+
+    def learner_failed(self, job_id: str, token: int, node: str, now: float) -> None:
+        am = self.ams.get(job_id)
+        if am is None or am.run is None or am.run.token != token or am.run.ended:
+            return
+        cid = next(c for c, n in am.run.containers.items() if n == node)
+        self.end_container(cid, node, ContainerReport(cid, "LOST", diagnostics="injected failure", infra_failure=True),
+                           now)
+
+    def end_container(self, cid: str, node: str, report: ContainerReport, now: float) -> None:
+        c = self.core.live.get(cid)
+        if c is None:
+            return
+        job_id = c.job_id
+        am = self.ams.get(job_id)
+        if am is not None and am.run is not None and cid in am.run.containers and not am.run.ended:
+            am.run.ended = True                           # the attempt's work stops with its first learner
+            am.progress_s += now - am.run.start
+        self.report(node, [report], now)
+        self.dirty[job_id] = None
+        waiting = self.beneficiary.pop(job_id, None)
+        if waiting is not None and waiting in self.ams:
+            self.dirty[waiting] = None        # GPUs came free for it: let it look (its plan may be elsewhere)
+
+    def apply_stop_orders(self, now: float) -> None:
+        """The RM's stop orders (preemption deadlines, kills, finished jobs): the processes stop at once."""
+        for node_id in self.core.nodes_with_stops():
+            for order in self.core.take_stops(node_id, now):
+                c = self.core.live.get(order.container_id)
+                if c is not None:
+                    self.end_container(order.container_id, node_id,
+                                       ContainerReport(order.container_id, "EXITED", signal=15, stopped=True), now)
+
+    def report(self, node_id: str, reports: list[ContainerReport], now: float) -> None:
+        self.core.node_heartbeat(node_id, node_id, reports, now)
+
+    # ------------------------------------------------------------ preemption checks
+
+    def schedule_check(self, now: float) -> None:
+        """Wake for queue work exactly when it can come due (see RMCore.next_check), never on a blind timer."""
+        at = self.core.next_check(now)
+        if at is not None and (self._check_at is None or at < self._check_at):
+            self._check_at = at
+            self.push(at, CHECK, at)
+
+    def check_preemption(self, now: float) -> None:
+        core = self.core
+        for d in core.preempt(now):
+            for v in d.victims:
+                self.dirty[v.job_id] = None
+        for victim, beneficiary in core.preempt_in_queue(now):
+            self.dirty[victim] = None
+            self.beneficiary[victim] = beneficiary
+        for cid in core.revoke_hoarded(now):
+            self.dirty[core.containers[cid].job_id] = None
+        for c in list(core.live.values()):
+            if c.preempt_deadline and now >= c.preempt_deadline:
+                self.end_container(c.container_id, c.node_id,
+                                   ContainerReport(c.container_id, "EXITED", signal=9, stopped=True), now)
+
+    # ------------------------------------------------------------ the end of a job
+
+    def finish(self, am: SimAM, now: float) -> None:
+        m = am.master
+        assert m.final is not None
+        core = self.core
+        core.finish_am(am.job_id, am.am_attempt, m.final.state, m.final.diagnostics, m.final.exit_code,
+                       [_update(a) for a in m.take_reports(None)], now)
+        self.apply_stop_orders(now)
+        self.report(am.am_node, [ContainerReport(am.am_container, "EXITED", exit_code=0)], now)
+        am.done = True
+        self.set_idle(am, now, False)
+        self.track_asks(am.job_id, ())
+        self.results.append(self.result(am, now))
+        del self.ams[am.job_id]
+
+    def result(self, am: SimAM, now: float | None) -> JobResult:
+        job = self.core.jobs[am.job_id]
+        attempts = job.attempts
+        last = attempts[-1] if attempts else None
+        preemptions = sum(1 for a in attempts if a.failure.name == "PREEMPTED")
+        retries = sum(1 for a in attempts if a.counts_as_failure) - (1 if job.state is JobState.FAILED else 0)
+        view = self.view()
+        return JobResult(
+            job_id=am.trace.job_id, queue=am.trace.queue, gpus=am.trace.gpus, submit_s=am.trace.submit_s,
+            start_s=am.first_start, finish_s=now, duration_s=am.trace.duration_s, attempts=len(attempts),
+            preemptions=preemptions, retries=max(0, retries),
+            servers=len(last.learners) if last is not None and last.learners else 0,
+            fewest_servers=view.fewest_servers(am.trace.gpus), gpu_seconds_served=job.attained_gpu_s,
+            state=job.state.name if now is not None else "UNFINISHED")
+
+    def finish_unfinished(self) -> None:
+        for am in list(self.ams.values()):
+            if not am.done:
+                self.results.append(self.result(am, None))
+        for job_id, tj in self._pending_trace.items():
+            self.results.append(JobResult(tj.job_id, tj.queue, tj.gpus, tj.submit_s, None, None, tj.duration_s, 0, 0,
+                                          0, 0, 0, 0.0, "UNFINISHED"))
+            del job_id
+
+    # ------------------------------------------------------------ metrics
+
+    def record_usage(self, now: float) -> None:
+        used = self.core.queues.used
+        leaves = list(self.timeline.per_queue)
+        snapshot = tuple(used.get(q, 0) for q in leaves)
+        if snapshot == self._last_used:
+            return
+        self._last_used = snapshot
+        self.timeline.times.append(now)
+        self.timeline.allocated.append(sum(snapshot))
+        for q, v in zip(leaves, snapshot, strict=True):
+            self.timeline.per_queue[q].append(v)
+
+
+def _update(a: AttemptRecord) -> AttemptUpdate:
+    return AttemptUpdate(a.number, a.state, a.learners, "", a.level, a.failure, a.cause, a.exit_code,
+                         a.counts_as_failure, a.start_time, a.end_time)
+
+
+def _ended(c: Container) -> Ended:
+    kind = c.exit.kind
+    return Ended(c.container_id, exit_code=c.exit.exit_code, signal=c.exit.signal,
+                 stopped=kind in (ExitKind.STOPPED, ExitKind.RELEASED),
+                 failed_to_start=kind is ExitKind.FAILED_TO_START, lost=kind in (ExitKind.LOST, ExitKind.EXPIRED),
+                 infra=c.exit.infra, diagnostics=c.exit.diagnostics)
+
+
+__all__ = ["ContainerKind", "Engine", "SimOptions", "SimResult"]

@@ -1,0 +1,353 @@
+"""What a simulated run measured: per-job results, the allocation timeline, and the summary built from them.
+
+Definitions used in `summary.json`:
+- *finished* jobs are those with a finish time (SUCCEEDED, FAILED or KILLED); JCT (finish - submit) and
+  queueing delay (first start - submit) statistics are over finished jobs only; `unfinished` counts the rest.
+- Percentiles are nearest-rank: the p-th percentile of n sorted values is the value at rank ceil(p/100 x n)
+  (1-based), so it is always one of the values; statistics of an empty set are null.
+- `makespan_s` runs from the first submission to the last finish (0 when nothing finished).
+- `gpu_utilization` is the integral of allocated GPUs over the makespan (the timeline is a step function: a
+  sample holds until the next one) divided by capacity x makespan.
+- `locality` is the fraction of finished multi-GPU jobs that ran on `fewest_servers` servers (null when there
+  are none).
+- `per_queue` is keyed by queue path below root (`research.nlp`; a `root.` prefix is dropped).
+- `per_queue[q].gpu_time_share` is q's part of all GPU-time allocated during the makespan (the shares sum to 1;
+  all are 0 when nothing was allocated).
+- `queue_by_size` is the average queueing delay of finished jobs of 1, 2-4, 5-8 and more than 8 GPUs.
+- `load_factor` is the offered GPU-time over capacity x the span of submissions.
+
+Nothing here imports matplotlib: plots live in `plots.py`, so reading a summary stays cheap.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+STATES = ("SUCCEEDED", "FAILED", "KILLED", "UNFINISHED")
+SIZE_CLASSES = ("1", "2-4", "5-8", ">8")
+SUMMARY_FILE = "summary.json"
+JOBS_FILE = "jobs.csv"
+QUEUE_TIMELINE_FILE = "queue_timeline.csv"
+
+
+def queue_key(name: str) -> str:
+    """A queue as summaries name it: its path below root (`research.nlp`), whether given as that or as
+    `root.research.nlp` (the trace names queues the first way, the RM's timeline the second)."""
+    return name[len("root."):] if name.startswith("root.") else name
+
+
+def size_class(gpus: int) -> str:
+    """The Philly paper's job-size buckets: "1", "2-4", "5-8", ">8"."""
+    if gpus <= 1:
+        return "1"
+    if gpus <= 4:
+        return "2-4"
+    if gpus <= 8:
+        return "5-8"
+    return ">8"
+
+
+@dataclass
+class JobResult:
+    job_id: str
+    queue: str
+    gpus: int
+    submit_s: float
+    start_s: float | None  # first start of any attempt
+    finish_s: float | None
+    duration_s: float  # run time at full speed, from the trace
+    attempts: int
+    preemptions: int
+    retries: int
+    servers: int  # servers of its last (successful) placement; 0 if never placed
+    fewest_servers: int  # the fewest servers it could have used in this cluster
+    gpu_seconds_served: float  # GPU-seconds it actually ran, lost work of failed / preempted attempts included
+    state: str  # one of STATES
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_s is not None
+
+    @property
+    def queue_s(self) -> float:
+        """Queueing delay: first start - submit (0 if it never started)."""
+        return self.start_s - self.submit_s if self.start_s is not None else 0.0
+
+    @property
+    def jct_s(self) -> float | None:
+        """Job completion time: finish - submit (None while unfinished)."""
+        return self.finish_s - self.submit_s if self.finish_s is not None else None
+
+
+@dataclass
+class Timeline:
+    """Allocated GPUs over time as a step function: sample i holds from times[i] until times[i + 1].
+
+    `per_queue[q][i]` is queue q's allocation at times[i]; every list has one entry per time.
+    """
+
+    times: list[float] = field(default_factory=list)
+    allocated: list[int] = field(default_factory=list)
+    per_queue: dict[str, list[int]] = field(default_factory=dict)
+
+    def record(self, now: float, per_queue: Mapping[str, int]) -> None:
+        """Append the allocation per queue at `now` (queues not named hold 0).
+
+        Several changes at one instant keep only the last, so the step function has no zero-width steps.
+        """
+        if self.times and now < self.times[-1]:
+            raise ValueError(f"timeline: time went backwards ({now} after {self.times[-1]})")
+        if self.times and now == self.times[-1]:
+            self.allocated[-1] = sum(per_queue.values())
+            for name, values in self.per_queue.items():
+                values[-1] = per_queue.get(name, 0)
+            for name in per_queue.keys() - self.per_queue.keys():
+                self.per_queue[name] = [0] * (len(self.times) - 1) + [per_queue[name]]
+            return
+        n = len(self.times)
+        self.times.append(now)
+        self.allocated.append(sum(per_queue.values()))
+        for name, values in self.per_queue.items():
+            values.append(per_queue.get(name, 0))
+        for name in per_queue.keys() - self.per_queue.keys():
+            self.per_queue[name] = [0] * n + [per_queue[name]]
+
+    def integral(self, start: float, end: float) -> float:
+        """GPU-seconds allocated in [start, end]."""
+        return _step_integral(self.times, self.allocated, start, end)
+
+    def queue_integrals(self, start: float, end: float) -> dict[str, float]:
+        """GPU-seconds allocated to each queue in [start, end]."""
+        return {q: _step_integral(self.times, v, start, end) for q, v in self.per_queue.items()}
+
+
+def _step_integral(times: Sequence[float], values: Sequence[int], start: float, end: float) -> float:
+    if not times or end <= start:
+        return 0.0
+    total = 0.0
+    # Begin at the sample in force at `start`; before the first sample nothing is allocated.
+    i = max(bisect_right(times, start) - 1, 0)
+    n = len(times)
+    while i < n and times[i] < end:
+        lo = max(times[i], start)
+        hi = min(times[i + 1], end) if i + 1 < n else end
+        if hi > lo:
+            total += values[i] * (hi - lo)
+        i += 1
+    return total
+
+
+def percentile(sorted_values: Sequence[float], p: float) -> float | None:
+    """Nearest-rank percentile of already sorted values (None for none)."""
+    if not sorted_values:
+        return None
+    rank = max(math.ceil(p / 100.0 * len(sorted_values)), 1)
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
+def load_factor(trace_gpu_seconds: float, capacity_gpus: int, span_s: float) -> float:
+    """Offered GPU-time / (capacity x span of submissions); infinite when every job submits at once."""
+    if capacity_gpus <= 0:
+        raise ValueError(f"load factor: capacity must be positive, got {capacity_gpus}")
+    if span_s <= 0:
+        return math.inf if trace_gpu_seconds > 0 else 0.0
+    return trace_gpu_seconds / (capacity_gpus * span_s)
+
+
+def _delay_stats(jobs: Sequence[JobResult]) -> dict[str, object]:
+    done = [r for r in jobs if r.finish_s is not None]
+    jcts = sorted(r.finish_s - r.submit_s for r in done if r.finish_s is not None)
+    waits = sorted(r.queue_s for r in done)
+    return {
+        "avg_jct_s": _mean(jcts),
+        "p50_jct_s": percentile(jcts, 50),
+        "p99_jct_s": percentile(jcts, 99),
+        "avg_queue_s": _mean(waits),
+        "p50_queue_s": percentile(waits, 50),
+        "p99_queue_s": percentile(waits, 99),
+    }
+
+
+def summarize(results: list[JobResult], timeline: Timeline, capacity_gpus: int, load_factor: float, wall_s: float,
+              extra: dict[str, object] | None = None) -> dict[str, object]:
+    """The run's summary (see the module docstring for every definition)."""
+    done = [r for r in results if r.finish_s is not None]
+    first_submit = min((r.submit_s for r in results), default=0.0)
+    last_finish = max((r.finish_s for r in done if r.finish_s is not None), default=first_submit)
+    makespan = last_finish - first_submit
+    allocated_gpu_s = timeline.integral(first_submit, last_finish)
+    utilization = allocated_gpu_s / (capacity_gpus * makespan) if makespan > 0 and capacity_gpus > 0 else 0.0
+    if utilization > 1.0 + 1e-9:
+        log.warning("timeline allocates more than the capacity of %d GPUs (utilization %.3f)", capacity_gpus,
+                    utilization)
+
+    placed_multi = [r for r in done if r.gpus > 1 and r.servers > 0]
+    locality = (sum(1 for r in placed_multi if r.servers <= r.fewest_servers) / len(placed_multi)
+                if placed_multi else None)
+
+    queue_gpu_s: dict[str, float] = {}
+    for name, gpu_s in timeline.queue_integrals(first_submit, last_finish).items():
+        queue_gpu_s[queue_key(name)] = queue_gpu_s.get(queue_key(name), 0.0) + gpu_s
+    total_queue_gpu_s = math.fsum(queue_gpu_s.values())
+    by_queue: dict[str, list[JobResult]] = {}
+    for r in results:
+        by_queue.setdefault(queue_key(r.queue), []).append(r)
+    per_queue: dict[str, object] = {}
+    for name in sorted(by_queue.keys() | queue_gpu_s.keys()):
+        jobs = by_queue.get(name, [])
+        per_queue[name] = {
+            "jobs": len(jobs),
+            "finished": sum(1 for r in jobs if r.finished),
+            **_delay_stats(jobs),
+            "preemptions": sum(r.preemptions for r in jobs),
+            "retries": sum(r.retries for r in jobs),
+            "gpu_seconds_allocated": queue_gpu_s.get(name, 0.0),
+            "gpu_time_share": queue_gpu_s.get(name, 0.0) / total_queue_gpu_s if total_queue_gpu_s > 0 else 0.0,
+        }
+
+    by_size: dict[str, list[float]] = {c: [] for c in SIZE_CLASSES}
+    for r in done:
+        by_size[size_class(r.gpus)].append(r.queue_s)
+    states = {s: 0 for s in STATES}
+    for r in results:
+        states[r.state] = states.get(r.state, 0) + 1
+
+    summary: dict[str, object] = {
+        "jobs": len(results),
+        "finished": len(done),
+        "unfinished": len(results) - len(done),
+        "states": states,
+        "gpus": capacity_gpus,
+        "load_factor": load_factor,
+        "makespan_s": makespan,
+        **_delay_stats(results),
+        "gpu_utilization": utilization,
+        "gpu_seconds_allocated": allocated_gpu_s,
+        "gpu_seconds_served": math.fsum(r.gpu_seconds_served for r in results),
+        "locality": locality,
+        "preemptions": sum(r.preemptions for r in results),
+        "retries": sum(r.retries for r in results),
+        "per_queue": per_queue,
+        "queue_by_size": {c: _mean(v) for c, v in by_size.items()},
+        "jobs_by_size": {c: len(v) for c, v in by_size.items()},
+        "percentiles": "nearest-rank",
+        "wall_s": wall_s,
+    }
+    for key, value in (extra or {}).items():
+        if key in summary:
+            raise ValueError(f"summary: extra key {key!r} would replace a computed metric")
+        summary[key] = value
+    return summary
+
+
+def _json_safe(value: object) -> object:
+    # JSON has no Infinity or NaN; a reader should see null rather than choke on a non-standard token.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def write_summary(out: Path, summary: Mapping[str, object]) -> None:
+    """`out/summary.json`: sorted keys, indent 2, non-finite numbers as null."""
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(_json_safe(summary), sort_keys=True, indent=2, allow_nan=False)
+    (out / SUMMARY_FILE).write_text(text + "\n", encoding="utf-8")
+
+
+_JOB_COLUMNS = [f.name for f in fields(JobResult)]
+_DERIVED_COLUMNS = ["queue_s", "jct_s"]
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)  # shortest text that reads back to the same float
+    return str(value)
+
+
+def write_jobs_csv(out: Path, results: Iterable[JobResult]) -> None:
+    """`out/jobs.csv`: one row per job (every JobResult field, then queue_s and jct_s); empty cell = none."""
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / JOBS_FILE).open("w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(_JOB_COLUMNS + _DERIVED_COLUMNS)
+        for r in results:
+            writer.writerow([_cell(getattr(r, c)) for c in _JOB_COLUMNS] + [_cell(r.queue_s), _cell(r.jct_s)])
+
+
+def read_jobs_csv(path: Path) -> list[JobResult]:
+    """JobResults back from a jobs.csv written by `write_jobs_csv` (to compare runs)."""
+    results: list[JobResult] = []
+    with path.open(encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in _JOB_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}:1: header: missing column(s) {', '.join(missing)}")
+        for row in reader:
+            cell = _CellReader(path, reader.line_num, row)
+            results.append(JobResult(
+                job_id=row["job_id"], queue=row["queue"], gpus=cell.count("gpus"), submit_s=cell.number("submit_s"),
+                start_s=cell.optional("start_s"), finish_s=cell.optional("finish_s"),
+                duration_s=cell.number("duration_s"), attempts=cell.count("attempts"),
+                preemptions=cell.count("preemptions"), retries=cell.count("retries"), servers=cell.count("servers"),
+                fewest_servers=cell.count("fewest_servers"), gpu_seconds_served=cell.number("gpu_seconds_served"),
+                state=row["state"],
+            ))
+    return results
+
+
+@dataclass
+class _CellReader:
+    """Typed cells of one jobs.csv row; a bad cell is a ValueError naming the file, line and column."""
+
+    path: Path
+    line: int
+    row: Mapping[str, str]
+
+    def _bad(self, column: str, expected: str) -> ValueError:
+        return ValueError(f"{self.path}:{self.line}: {column}: expected {expected}, got {self.row[column]!r}")
+
+    def number(self, column: str) -> float:
+        try:
+            return float(self.row[column])
+        except ValueError:
+            raise self._bad(column, "a number") from None
+
+    def optional(self, column: str) -> float | None:
+        return self.number(column) if self.row[column] else None
+
+    def count(self, column: str) -> int:
+        try:
+            return int(self.row[column])
+        except ValueError:
+            raise self._bad(column, "a whole number") from None
+
+
+def write_queue_timeline_csv(out: Path, timeline: Timeline) -> None:
+    """`out/queue_timeline.csv`: time_s, allocated, then one column of allocated GPUs per queue."""
+    out.mkdir(parents=True, exist_ok=True)
+    names = sorted(timeline.per_queue)
+    with (out / QUEUE_TIMELINE_FILE).open("w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["time_s", "allocated", *names])
+        columns = [timeline.per_queue[n] for n in names]
+        for i, t in enumerate(timeline.times):
+            writer.writerow([_cell(t), timeline.allocated[i], *(c[i] for c in columns)])
