@@ -1,6 +1,7 @@
 """`python -m gpurm.am`: the per-job ApplicationMaster, started by an agent as the job's AM container.
 
-It reads GPURM_RM, GPURM_JOB_ID, GPURM_AM_ATTEMPT and GPURM_AM_TOKEN from its environment.
+It reads GPURM_RM, GPURM_JOB_ID, GPURM_AM_ATTEMPT and GPURM_AM_TOKEN from its environment, and, where the
+cluster uses mTLS, GPURM_TLS_CA / GPURM_TLS_CERT / GPURM_TLS_KEY (the agent that starts it passes its node's).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import signal
 import sys
 
 from gpurm.am.runner import AMRunner
+from gpurm.queues.fields import ConfigError
+from gpurm.rm.tls import tls_from_env
 
 
 def main() -> int:
@@ -21,8 +24,13 @@ def main() -> int:
         sys.stderr.write(f"gpurm.am: missing environment {', '.join(missing)}; the AM is started by a node agent "
                          "on the RM's behalf, not by hand\n")
         return 2
+    try:
+        tls_config = tls_from_env()
+    except ConfigError as exc:
+        sys.stderr.write(f"gpurm.am: {'; '.join(exc.problems)}\n")
+        return 2
     runner = AMRunner(os.environ["GPURM_RM"], os.environ["GPURM_JOB_ID"], int(os.environ["GPURM_AM_ATTEMPT"]),
-                      os.environ["GPURM_AM_TOKEN"])
+                      os.environ["GPURM_AM_TOKEN"], tls_config)
 
     async def run() -> int:
         task = asyncio.ensure_future(runner.run())

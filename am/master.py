@@ -73,6 +73,8 @@ class Ended:
             return f"lost ({self.diagnostics})" if self.diagnostics else "lost"
         if self.failed_to_start:
             return f"failed to start: {self.diagnostics}" if self.diagnostics else "failed to start"
+        if self.infra and self.diagnostics:  # e.g. stopped by its agent because its GPU failed
+            return f"failed ({self.diagnostics})"
         if self.signal:
             return f"was killed by signal {self.signal}"
         return f"exited with code {self.exit_code}"
@@ -193,6 +195,8 @@ class Master:
         (it is only rendered here, not on every step)."""
         if now is not None and self.phase in (Phase.PLANNING, Phase.ACQUIRING, Phase.BACKOFF):
             self._waiting(now)
+        if not self.dirty:
+            return []
         out = [a for a in self.attempts if a.number in self.dirty]
         self.dirty.clear()
         return out
@@ -377,8 +381,8 @@ class Master:
     # ------------------------------------------------------------ the machine
 
     def step(self, now: float) -> None:
-        if self.phase is Phase.DONE:
-            return
+        if self.phase is Phase.DONE or self.phase is Phase.RUNNING or self.phase is Phase.LAUNCHING:
+            return         # only events move these on
         if self.phase is Phase.STOPPING:
             if self._live_runs() and now < self.stop_since + STOP_WAIT_S:   # same expression as next_deadline
                 return
@@ -460,6 +464,8 @@ class Master:
 
     def _missing_parts(self) -> list[Part]:
         assert self.plan is not None
+        if not self.held:
+            return list(self.plan.parts)
         free = list(self.held.values())
         missing = []
         for part in self.plan.parts:

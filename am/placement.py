@@ -15,9 +15,12 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from gpurm.rm.cluster import choose_in_islands
 from gpurm.rm.jobspec import LocalityLevel
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,9 @@ class Plan:
 
 class View:
     """Servers as the AM sees them, with aggregates that answer "no plan can exist now" without scanning them:
-    a busy cluster has many waiting jobs and most of their replans fail. One View is shared by every reader."""
+    a busy cluster has many waiting jobs and most of their replans fail. One View is shared by every reader, and
+    so are what planners derive from it (servers with free GPUs, grouped by domain); a View is never changed after
+    it is built (`updated` builds the next one from it)."""
 
     def __init__(self, servers: Iterable[ServerView]) -> None:
         self.servers = list(servers)
@@ -79,9 +84,53 @@ class View:
         for s in self.servers:
             d = s.ib_domain or s.rack
             domain_free[d] = domain_free.get(d, 0) + self.free_on[s.node_id]
+        self._domain_free = domain_free
         self.max_domain_free = max(domain_free.values(), default=0)
         self._sizes: list[int] | None = None     # healthy GPUs per server, largest first (when first needed)
         self._fewest: dict[int, int] = {}
+        self._index: dict[str, int] | None = None
+        self._candidates: list[ServerView] | None = None
+        self._by_domain: dict[str, list[ServerView]] | None = None
+        self._no_plan: set[tuple[int, LocalityLevel]] = set()
+
+    def updated(self, changed: Iterable[ServerView]) -> View:
+        """A new View: this one with some servers replaced (same node ids, same order), the aggregates updated
+        from the changes alone. Equal to building a View from the resulting server list."""
+        new = View.__new__(View)
+        servers = list(self.servers)
+        free_on = dict(self.free_on)
+        domain_free = dict(self._domain_free)
+        index = self._index
+        if index is None:
+            index = self._index = {s.node_id: k for k, s in enumerate(self.servers)}
+        sizes_same = True
+        total = self.total_free
+        for s in changed:
+            k = index[s.node_id]
+            old = servers[k]
+            servers[k] = s
+            n_old, n_new = free_on[old.node_id], len(s.free)
+            free_on[s.node_id] = n_new
+            total += n_new - n_old
+            d_old, d_new = old.ib_domain or old.rack, s.ib_domain or s.rack
+            domain_free[d_old] -= n_old
+            domain_free[d_new] = domain_free.get(d_new, 0) + n_new
+            if d_old != d_new and not any((x.ib_domain or x.rack) == d_old for x in servers):
+                del domain_free[d_old]
+            sizes_same = sizes_same and old.total == s.total
+        new.servers = servers
+        new.free_on = free_on
+        new.total_free = total
+        new.max_free = max(free_on.values(), default=0)
+        new._domain_free = domain_free
+        new.max_domain_free = max(domain_free.values(), default=0)
+        new._sizes = self._sizes if sizes_same else None
+        new._fewest = self._fewest if sizes_same else {}
+        new._index = index
+        new._candidates = None
+        new._by_domain = None
+        new._no_plan = set()
+        return new
 
     def __len__(self) -> int:
         return len(self.servers)
@@ -101,6 +150,21 @@ class View:
         if level is LocalityLevel.ANY:
             return self.total_free < gpus
         return self.max_domain_free < gpus
+
+    def candidates(self) -> list[ServerView]:
+        """Servers with a free GPU, in view order (computed once per View; do not modify)."""
+        if self._candidates is None:
+            self._candidates = [s for s in self.servers if s.free]
+        return self._candidates
+
+    def by_domain(self) -> dict[str, list[ServerView]]:
+        """The candidates per domain, domains in order of first appearance (computed once per View)."""
+        if self._by_domain is None:
+            by_domain: dict[str, list[ServerView]] = {}
+            for s in self.candidates():
+                by_domain.setdefault(s.domain, []).append(s)
+            self._by_domain = by_domain
+        return self._by_domain
 
 
 def as_view(servers: View | Sequence[ServerView]) -> View:
@@ -129,7 +193,34 @@ def _tie(salt: int | None) -> Callable[[str], tuple[int, str]]:
     one (a thundering herd)."""
     if salt is None:
         return lambda name: (0, name)
-    return lambda name: (zlib.crc32(f"{salt}:{name}".encode()), name)
+    known = _TIES.get(salt)
+    if known is None:
+        if len(_TIES) >= _TIES_MAX:
+            _TIES.clear()              # a memo only: the keys are recomputed the same way
+        known = _TIES[salt] = {}
+
+    def tie(name: str) -> tuple[int, str]:
+        key = known.get(name)
+        if key is None:
+            key = known[name] = (zlib.crc32(f"{salt}:{name}".encode()), name)
+        return key
+    return tie
+
+
+_TIES: dict[int, dict[str, tuple[int, str]]] = {}   # salt -> server name -> tie key (a memo of _tie's keys)
+_TIES_MAX = 4096
+
+
+def _best(items: Sequence[T], primary: Callable[[T], object], name: Callable[[T], str],
+          tie: Callable[[str], tuple[int, str]]) -> T:
+    """min(items, key=(primary, tie(name))), computing the (costly) tie only among the items whose primary key is
+    the least. Same answer: the tie key is unique per name, so only the primary minimum's items compete."""
+    keys = [primary(x) for x in items]
+    low = min(keys)  # type: ignore[type-var]
+    best = [x for x, k in zip(items, keys, strict=True) if k == low]
+    if len(best) == 1:
+        return best[0]
+    return min(best, key=lambda x: tie(name(x)))
 
 
 def plan(gpus: int, servers: View | Sequence[ServerView], level: LocalityLevel,
@@ -139,59 +230,88 @@ def plan(gpus: int, servers: View | Sequence[ServerView], level: LocalityLevel,
     if view.cannot_fit(gpus, level):
         return None        # avoiding servers only shrinks what fits, so the answer stands
     avoided = set(avoid)
-    usable = [s for s in view.servers if s.node_id not in avoided]
-    candidates = [s for s in usable if s.free]
+    if not avoided:
+        if (gpus, level) in view._no_plan:
+            return None    # planned on this view before and failed: the salt only breaks ties, never decides
+        found = _plan(view, gpus, level, avoided, salt)
+        if found is None:
+            view._no_plan.add((gpus, level))
+        return found
+    return _plan(view, gpus, level, avoided, salt)
+
+
+def _plan(view: View, gpus: int, level: LocalityLevel, avoided: set[str], salt: int | None) -> Plan | None:
+    if avoided:
+        usable = [s for s in view.servers if s.node_id not in avoided]
+        candidates = [s for s in usable if s.free]
+        by_domain: dict[str, list[ServerView]] = {}
+        for s in candidates:
+            by_domain.setdefault(s.domain, []).append(s)
+    else:
+        usable = view.servers
+        candidates = view.candidates()
+        by_domain = view.by_domain()
+    tie = _tie(salt)
     if level is LocalityLevel.NODE:
         fits = [s for s in candidates if len(s.free) >= gpus]
         if not fits:
             return None
-        tie = _tie(salt)
-        per_domain: dict[str, int] = {}
-        for s in candidates:
-            per_domain[s.domain] = per_domain.get(s.domain, 0) + 1
-        best = min(fits, key=lambda s: (len(s.free) - gpus, -per_domain[s.domain], tie(s.node_id)))
+        per_domain = {d: len(members) for d, members in by_domain.items()}
+        best = _best(fits, lambda s: (len(s.free) - gpus, -per_domain[s.domain]), _name, tie)
         return Plan(level, [_part(best, gpus)])
     if level is LocalityLevel.ANY:
         chosen = _choose(candidates, gpus, max_servers=None, salt=salt)
         return Plan(level, chosen) if chosen else None
     cap = (view.fewest_servers(gpus) if not avoided else fewest_servers(gpus, usable)) \
         if level is LocalityLevel.PACKED else None
-    by_domain: dict[str, list[ServerView]] = {}
-    for s in candidates:
-        by_domain.setdefault(s.domain, []).append(s)
     # The domain with the most candidate servers first; ties to the one that leaves the least over.
-    tie = _tie(salt)
-    ranked = sorted(by_domain.items(),
-                    key=lambda kv: (-len(kv[1]), sum(len(s.free) for s in kv[1]), tie(kv[0])))
-    for _, members in ranked:
-        chosen = _choose(members, gpus, max_servers=cap, salt=salt)
+    primary = {d: (-len(members), sum(len(s.free) for s in members)) for d, members in by_domain.items()}
+    ranked = sorted(by_domain, key=primary.__getitem__)
+    if len(set(primary.values())) != len(ranked):
+        ranked.sort(key=lambda d: (primary[d], tie(d)))       # only equal primaries need the (costly) tie
+    for d in ranked:
+        chosen = _choose(by_domain[d], gpus, max_servers=cap, salt=salt)
         if chosen:
             return Plan(level, chosen)
     return None
+
+
+def _name(s: ServerView) -> str:
+    return s.node_id
 
 
 def _choose(servers: Sequence[ServerView], gpus: int, max_servers: int | None,
             salt: int | None = None) -> list[Part] | None:
     """Fewest servers first: take the fullest servers while no single one fits the rest, then the tightest
     server that does (best fit)."""
+    if sum(len(s.free) for s in servers) < gpus:
+        return None                       # the loop below would run out of servers
     remaining = gpus
     tie = _tie(salt)
     pool = list(servers)
-    parts: list[Part] = []
+    picks: list[tuple[ServerView, int]] = []
     while remaining > 0 and pool:
         fits = [s for s in pool if len(s.free) >= remaining]
         if fits:
-            pick = min(fits, key=lambda s: (len(s.free), tie(s.node_id)))
-            parts.append(_part(pick, remaining))
+            pick = _best(fits, _free_count, _name, tie)
+            picks.append((pick, remaining))
             remaining = 0
         else:
-            pick = min(pool, key=lambda s: (-len(s.free), tie(s.node_id)))     # the fullest
-            parts.append(_part(pick, len(pick.free)))
+            pick = _best(pool, _minus_free_count, _name, tie)     # the fullest
+            picks.append((pick, len(pick.free)))
             remaining -= len(pick.free)
         pool.remove(pick)
-        if max_servers is not None and len(parts) > max_servers:
+        if max_servers is not None and len(picks) > max_servers:
             return None
-    return parts if remaining == 0 else None
+    return [_part(s, n) for s, n in picks] if remaining == 0 else None
+
+
+def _free_count(s: ServerView) -> int:
+    return len(s.free)
+
+
+def _minus_free_count(s: ServerView) -> int:
+    return -len(s.free)
 
 
 def _part(server: ServerView, count: int) -> Part:

@@ -19,9 +19,10 @@ from gpurm.am.placement import ServerView
 from gpurm.am.view import ViewFollower
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.rm import convert
+from gpurm.rm import convert, tls
 from gpurm.rm.jobspec import JobSpec, spec_from_proto
 from gpurm.rm.model import FailureKind, JobState
+from gpurm.rm.tls import TLSConfig
 
 log = logging.getLogger("gpurm.am")
 
@@ -71,8 +72,10 @@ def report_pb(a: AttemptRecord) -> pb.AttemptReport:
 
 
 class AMRunner:
-    def __init__(self, rm_address: str, job_id: str, am_attempt: int, am_token: str) -> None:
+    def __init__(self, rm_address: str, job_id: str, am_attempt: int, am_token: str,
+                 tls_config: TLSConfig | None = None) -> None:
         self.rm_address = rm_address
+        self.tls = tls_config  # mTLS to the RM and the agents (the node's certificate), None = plaintext
         self.job_id = job_id
         self.am_attempt = am_attempt
         self.metadata = (("x-gpurm-am-token", am_token),)
@@ -110,7 +113,7 @@ class AMRunner:
         address = f"{host}:{port}"
         ch = self._agents.get(address)
         if ch is None:
-            ch = grpc.aio.insecure_channel(address)
+            ch = tls.aio_channel(address, self.tls)
             self._agents[address] = ch
         return pbg.ContainerManagerStub(ch)
 
@@ -118,7 +121,7 @@ class AMRunner:
 
     async def run(self) -> int:
         # grpc.aio channels belong to the loop they are made in: make them here, not in __init__.
-        self.channel = grpc.aio.insecure_channel(self.rm_address)
+        self.channel = tls.aio_channel(self.rm_address, self.tls)
         self.am = pbg.ApplicationMasterStub(self.channel)
         self.client = pbg.ClientStub(self.channel)
         self._wake = asyncio.Event()

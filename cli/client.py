@@ -1,4 +1,9 @@
-"""The CLI's connection to the RM: address resolution, identity, and one-line errors instead of tracebacks."""
+"""The CLI's connection to the RM: address resolution, identity, and one-line errors instead of tracebacks.
+
+Identity: the OS user, sent as request metadata. Where the cluster uses mTLS (GPURM_TLS_CA, GPURM_TLS_CERT and
+GPURM_TLS_KEY name the CA, the user's certificate and its key), the RM takes the user from the certificate's CN
+instead and ignores the metadata.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ from typing import Any, TypeVar
 import grpc
 
 from gpurm.proto import gpurm_pb2_grpc as pbg
+from gpurm.queues.fields import ConfigError
+from gpurm.rm import tls
 
 DEFAULT_RM = "127.0.0.1:7070"
 T = TypeVar("T")
@@ -41,7 +48,11 @@ class RM:
     def __init__(self, address: str, timeout: float = 15.0) -> None:
         self.address = address
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(address)
+        try:
+            self.tls = tls.tls_from_env()
+        except ConfigError as exc:
+            raise CliError("; ".join(exc.problems)) from None
+        self.channel = tls.channel(address, self.tls)
         self.client = pbg.ClientStub(self.channel)
         self.admin = pbg.AdminStub(self.channel)
         self.metadata = (("x-gpurm-user", current_user()),)
@@ -56,8 +67,15 @@ class RM:
         code = exc.code() if hasattr(exc, "code") else None
         details = exc.details() if hasattr(exc, "details") else str(exc)
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            return CliError(f"cannot reach the RM at {self.address} ({(details or '').strip() or code.name}); "
-                            "is it running? Start one with `gpurm dev-cluster`, or point --rm / GPURM_RM at it")
+            why = (details or "").strip() or code.name
+            if self.tls is not None:
+                host = self.address.rsplit(":", 1)[0]
+                return CliError(f"cannot reach the RM at {self.address} over mTLS ({why}); is it running, does its "
+                                f"certificate name {host} and come from the CA in {self.tls.ca}, and is "
+                                f"{self.tls.cert} signed by the RM's CA?")
+            return CliError(f"cannot reach the RM at {self.address} ({why}); is it running? Start one with "
+                            "`gpurm dev-cluster`, or point --rm / GPURM_RM at it (an RM with mTLS needs "
+                            "GPURM_TLS_CA, GPURM_TLS_CERT and GPURM_TLS_KEY)")
         if code is grpc.StatusCode.PERMISSION_DENIED:
             return CliError(f"permission denied: {details}")
         return CliError(details or (code.name if code else "RM call failed"))

@@ -55,12 +55,35 @@ def cmd_agent(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value:
             overrides[key] = value
+    if getattr(args, "discover", False) and not args.config:
+        overrides["gpus"] = {"nvml": True}
     try:
         config = load_agent_config(_config_path(args.config), overrides)
     except ConfigError as exc:
         raise CliError("agent config: " + "; ".join(exc.problems)) from None
+    if getattr(args, "discover", False):
+        return discover_gpus(config, args.output)
     _logging(args.log_level)
     return int(agent_main(config))
+
+
+def discover_gpus(config: Any, output: str) -> int:
+    """`gpurm agent --discover`: the provider's GPUs and topology on stdout; one line on stderr if none."""
+    import json
+
+    from gpurm.nodeagent import discover
+    from gpurm.nodeagent.gpus import GpuDiscoveryError
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        found = discover.discover(config)
+    except GpuDiscoveryError as exc:
+        raise CliError(str(exc)) from None
+    if output == "json":
+        print(json.dumps(discover.as_json(found), indent=2))
+    else:
+        sys.stdout.write(discover.as_text(found))
+    return 0
 
 
 __all__ = ["cmd_agent", "cmd_rm", "sys"]

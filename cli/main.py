@@ -37,7 +37,7 @@ def _sub(subs: argparse._SubParsersAction, name: str, help_text: str, example: s
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gpurm.cli import cluster, daemons, devcluster, jobs
+    from gpurm.cli import cluster, daemons, devcluster, jobs, sim
 
     parser = argparse.ArgumentParser(
         prog="gpurm", formatter_class=Formatter,
@@ -140,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
     p.set_defaults(func=daemons.cmd_rm)
 
-    p = _sub(subs, "agent", "run a node agent on this GPU server", "  gpurm agent --config configs/agent.yaml",
-             common=False)
+    p = _sub(subs, "agent", "run a node agent on this GPU server",
+             "  gpurm agent --config configs/agent.yaml\n"
+             "  gpurm agent --discover            # the GPUs and topology NVML finds, then exit", common=False)
     p.add_argument("--config", help="agent.yaml (see configs/agent.yaml)")
     p.add_argument("--node-id", help="this node's id (overrides the file)")
     p.add_argument("--rm", help="the RM's HOST:PORT (overrides the file)")
@@ -149,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rack", help="rack / IB domain name")
     p.add_argument("--state-dir", help="where the agent keeps container state and logs")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
+    p.add_argument("--discover", action="store_true",
+                   help="print the GPUs and topology the provider finds (NVML without --config) and exit")
+    p.add_argument("-o", "--output", choices=("table", "json"), default="table", help="with --discover")
     p.set_defaults(func=daemons.cmd_agent)
 
     p = _sub(subs, "dev-cluster", "run an RM and agents with fake GPUs on this machine (Ctrl-C stops all)",
@@ -168,6 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rm-option", action="append", default=[], metavar="KEY=VALUE",
                    help="extra rm.yaml setting, dotted (e.g. am.liveness_timeout=20s); repeatable")
     p.set_defaults(func=devcluster.cmd_dev_cluster)
+
+    p = _sub(subs, "sim", "replay a workload trace through the real scheduler on a virtual clock", sim.EXAMPLE,
+             common=False)
+    sim.add_arguments(p)
+    p.set_defaults(func=sim.cmd_sim)
 
     return parser
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from gpurm.nodeagent.config import ConfigError, load_agent_config
+from gpurm.nodeagent.config import AgentConfig, ConfigError, load_agent_config
 from gpurm.nodeagent.daemon import EXIT_CONFIG, main
+from gpurm.nodeagent.gpus import GpuDiscoveryError
 
 log = logging.getLogger("gpurm.nodeagent")
 
@@ -23,6 +24,8 @@ def _cli(argv: list[str]) -> int:
     parser.add_argument("--config", type=Path, help="agent.yaml")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a top-level key; VALUE is read as YAML (e.g. gpus={fake: 4})")
+    parser.add_argument("--discover", action="store_true", help="print the GPUs and topology found, then exit")
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table", help="with --discover")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides: dict[str, object] = {}
@@ -37,7 +40,24 @@ def _cli(argv: list[str]) -> int:
         for problem in exc.problems:
             log.error("agent config: %s", problem)
         return EXIT_CONFIG
+    if args.discover:
+        return _discover(cfg, args.output)
     return main(cfg)
+
+
+def _discover(cfg: AgentConfig, output: str) -> int:
+    import json
+
+    from gpurm.nodeagent import discover
+
+    try:
+        found = discover.discover(cfg)
+    except GpuDiscoveryError as exc:
+        log.error("%s", exc)
+        return EXIT_CONFIG
+    text = json.dumps(discover.as_json(found), indent=2) + "\n" if output == "json" else discover.as_text(found)
+    sys.stdout.write(text)
+    return 0
 
 
 if __name__ == "__main__":

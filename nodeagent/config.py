@@ -16,7 +16,9 @@ from typing import Any
 
 import yaml
 
+from gpurm.nodeagent.identity import RunAsMode
 from gpurm.queues.fields import ConfigError, Problems, Reader, parse_address
+from gpurm.rm.tls import TLSConfig, read_tls_section
 
 __all__ = [
     "DEFAULT_ENV_PASSTHROUGH",
@@ -24,12 +26,15 @@ __all__ = [
     "ConfigError",
     "ContainerConfig",
     "GpuConfig",
+    "HealthConfig",
+    "TelemetryConfig",
     "detect_cpus",
     "detect_memory_mib",
     "load_agent_config",
 ]
 
 DEFAULT_ENV_PASSTHROUGH = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "PYTHONPATH", "HOME")
+DEFAULT_LOG_MAX_SIZE = 100 * 1024 * 1024
 DEFAULT_GPU_MODEL = "H100-80GB"
 DEFAULT_GPU_MEMORY_MIB = 81559
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -44,6 +49,21 @@ class GpuConfig:
     model: str
     memory_mib: int
     nvlink_islands: int
+    fail_gpus: tuple[int, ...] = ()   # fake only: GPUs unhealthy from the start
+    fault_file: Path | None = None    # fake only: faults injected at run time (see fakegpu.py)
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    gpu_interval_s: float = 5.0       # XID events, ECC state, lost GPUs
+    script: Path | None = None        # admin health script (YARN NodeManager style)
+    interval_s: float = 60.0
+    timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    interval_s: float = 5.0           # 0 = no telemetry
 
 
 @dataclass(frozen=True)
@@ -52,6 +72,10 @@ class ContainerConfig:
     keep_on_shutdown: bool
     env_passthrough: tuple[str, ...]
     log_poll_s: float
+    log_max_size: int = DEFAULT_LOG_MAX_SIZE  # bytes; output.log is rotated past this (0 = never)
+    log_keep: int = 3                          # rotated files kept: output.log.1 ... output.log.<keep>
+    run_as: RunAsMode = RunAsMode.USER         # user: the job's user when the agent is root; agent: never switch
+    cgroup_root: str = "auto"                  # auto (where cgroup v2 is mounted) | off | a cgroup v2 directory
 
 
 @dataclass(frozen=True)
@@ -67,6 +91,9 @@ class AgentConfig:
     containers: ContainerConfig
     cpus: int
     memory_mib: int
+    health: HealthConfig = HealthConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    tls: TLSConfig | None = None  # mTLS for the RM stream, the ContainerManager server and this node's AMs
 
     @property
     def listen_port(self) -> int:
@@ -142,11 +169,14 @@ def load_agent_config(path: Path | None, overrides: Mapping[str, object] | None 
 
     gpus = _gpus(r.section("gpus"), present=r.has("gpus"))
     containers = _containers(r.section("containers"))
+    health = _health(r.section("health"))
+    telemetry = _telemetry(r.section("telemetry"))
+    tls = read_tls_section(r, "tls", path.parent if path is not None else None)
     r.reject_unknown()
     problems.raise_if_any()
     return AgentConfig(node_id=node_id, host=host, listen=listen, rm=rm, rack=rack, ib_domain=ib_domain,
                        state_dir=state_dir, gpus=gpus, containers=containers, cpus=cpus,
-                       memory_mib=memory_mib)
+                       memory_mib=memory_mib, health=health, telemetry=telemetry, tls=tls)
 
 
 def _address(r: Reader, key: str, default: str) -> str:
@@ -164,12 +194,16 @@ def _gpus(g: Reader, *, present: bool) -> GpuConfig:
     model = g.text("model", DEFAULT_GPU_MODEL)
     memory_mib = g.integer("memory_mib", DEFAULT_GPU_MEMORY_MIB, minimum=1)
     islands = g.integer("nvlink_islands", 1, minimum=1)
+    fail_gpus = _fail_gpus(g, fake)
+    fault_text = g.text("fault_file", "")
+    fault_file = Path(fault_text).expanduser() if fault_text else None
     g.reject_unknown()
     if nvml:
-        # Reserved for the NVML provider (a later issue); refuse rather than pretend.
-        g.error("nvml", "NVML discovery is not available yet; use gpus.fake")
         if fake is not None:
             g.error("fake", "set only one of gpus.fake and gpus.nvml")
+        for key in ("fail_gpus", "fault_file"):
+            if g.has(key):
+                g.error(key, "only the fake provider (gpus.fake) injects faults")
     elif fake is None:
         g.problems.add("gpus", NO_PROVIDER if not present or not g.data else
                        f"{NO_PROVIDER} (found only {', '.join(sorted(map(str, g.data)))})")
@@ -177,7 +211,51 @@ def _gpus(g: Reader, *, present: bool) -> GpuConfig:
         g.error("nvlink_islands", f"must be at most gpus.fake ({fake}), got {islands}")
     elif fake and fake % islands:
         g.error("nvlink_islands", f"must divide gpus.fake ({fake}) into equal islands, got {islands}")
-    return GpuConfig(fake=fake, nvml=nvml, model=model, memory_mib=memory_mib, nvlink_islands=islands)
+    return GpuConfig(fake=fake, nvml=nvml, model=model, memory_mib=memory_mib, nvlink_islands=islands,
+                     fail_gpus=fail_gpus, fault_file=fault_file)
+
+
+def _fail_gpus(g: Reader, fake: int | None) -> tuple[int, ...]:
+    value = g.raw("fail_gpus", [])
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        g.error("fail_gpus", f"must be a list of GPU indices, got {value!r}")
+        return ()
+    bad = [v for v in value if v < 0 or (fake is not None and v >= fake)]
+    if bad:
+        g.error("fail_gpus", f"indices {bad} are not GPUs of this node (0-{(fake or 1) - 1})")
+    return tuple(v for v in value if v not in bad)
+
+
+def _health(h: Reader) -> HealthConfig:
+    gpu_interval = h.duration("gpu_interval", 5.0)
+    script_text = h.text("script", "")
+    interval = h.duration("interval", 60.0)
+    timeout = h.duration("timeout", 30.0)
+    h.reject_unknown()
+    for key, value in (("gpu_interval", gpu_interval), ("interval", interval), ("timeout", timeout)):
+        if h.has(key) and value <= 0:
+            h.error(key, "must be more than 0")
+    script = Path(script_text).expanduser() if script_text else None
+    if script is not None:
+        if not script.is_file():
+            h.error("script", f"{script} does not exist or is not a file")
+        elif not os.access(script, os.X_OK):
+            h.error("script", f"{script} is not executable (chmod +x)")
+    elif h.has("interval") or h.has("timeout"):
+        h.error("script", "is required with health.interval or health.timeout")
+    return HealthConfig(gpu_interval_s=gpu_interval if gpu_interval > 0 else 5.0, script=script,
+                        interval_s=interval if interval > 0 else 60.0, timeout_s=timeout if timeout > 0 else 30.0)
+
+
+def _telemetry(t: Reader) -> TelemetryConfig:
+    interval = t.duration("interval", 5.0)
+    t.reject_unknown()
+    if interval < 0:
+        t.error("interval", "must be 0 (off) or more")
+        interval = 5.0
+    return TelemetryConfig(interval_s=interval)
 
 
 def _containers(c: Reader) -> ContainerConfig:
@@ -191,6 +269,41 @@ def _containers(c: Reader) -> ContainerConfig:
     if c.has("log_poll") and poll <= 0:
         c.error("log_poll", "must be more than 0")
         poll = 0.25
+    log_max_size = _size(c, "log_max_size", DEFAULT_LOG_MAX_SIZE)
+    log_keep = c.integer("log_keep", 3, minimum=0)
+    run_as_text = c.text("run_as", RunAsMode.USER.value, choices=[m.value for m in RunAsMode])
+    run_as = RunAsMode(run_as_text) if run_as_text in {m.value for m in RunAsMode} else RunAsMode.USER
+    cgroup_root = c.text("cgroup_root", "auto") or "auto"
+    if cgroup_root not in ("auto", "off") and not cgroup_root.startswith("/"):
+        c.error("cgroup_root", f"must be auto, off or an absolute path, got {cgroup_root!r}")
     c.reject_unknown()
     return ContainerConfig(stop_grace_s=grace, keep_on_shutdown=keep, env_passthrough=tuple(passthrough),
-                           log_poll_s=poll)
+                           log_poll_s=poll, log_max_size=log_max_size, log_keep=log_keep, run_as=run_as,
+                           cgroup_root=cgroup_root)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+def parse_size(value: object) -> int:
+    """Bytes from an int or '100MiB', '1.5GB', '64KiB', '500B'; ValueError naming the problem."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(f"must be 0 or more, got {value}")
+        return value
+    m = _SIZE.match(str(value)) if isinstance(value, str) else None
+    if m is None:
+        raise ValueError(f"expected a size such as 100MiB, 1GB or 65536, got {value!r}")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "b").lower()])
+
+
+def _size(c: Reader, key: str, default: int) -> int:
+    if not c.has(key):
+        return default
+    try:
+        return parse_size(c.raw(key))
+    except ValueError as exc:
+        c.error(key, str(exc))
+        return default

@@ -1,12 +1,19 @@
 """ContainerSupervisor: the live containers of this node, their exits, stops, logs and records.
 
-The agent owns process state (one authority per fact): a container is live from its spawn until its whole
-process group is gone; then it is terminal and stays known until the RM acknowledges it (`forget`).
+The agent owns process state (one authority per fact): a container is live from its spawn until every one of
+its processes is gone (its launcher, its command, and whatever they forked, even into another session: found
+through the container's cgroup, else its process group and environment marker); then it is terminal and stays
+known until the RM acknowledges it (`forget`).
+
+Each container runs under a launcher (`shim.py`) that survives the agent: after a restart, `adopt` finds the
+live containers of the previous agent process in their records, watches them again (the launcher's pid,
+checked against its start time), and reads the exit code of those that ended meanwhile from `exit.json`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -17,9 +24,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpurm.nodeagent.config import DEFAULT_ENV_PASSTHROUGH
-from gpurm.nodeagent.launch import container_argv, container_env, describe_exec_error, spawn, wait_for_exit
-from gpurm.nodeagent.procgroup import group_members, kill_group, signal_group, wait_group_gone
+from gpurm.nodeagent.cgroups import CgroupManager, agent_cgroup_name, share_limits, signal_pids
+from gpurm.nodeagent.config import DEFAULT_ENV_PASSTHROUGH, AgentConfig
+from gpurm.nodeagent.identity import RunAs, RunAsMode, UnknownUserError, resolve_run_as, startup_note
+from gpurm.nodeagent.launch import (
+    LAUNCHER_LOG,
+    Handshake,
+    container_argv,
+    container_env,
+    read_exit,
+    read_handshake,
+    spawn_shim,
+    wait_for_exit,
+    wait_pid_exit,
+    write_launch_spec,
+)
+from gpurm.nodeagent.logfiles import read_range
+from gpurm.nodeagent.procgroup import MARKER_ENV, container_processes, same_process, start_time
 from gpurm.nodeagent.records import (
     LOG_FILE,
     RECORD_FILE,
@@ -28,6 +49,7 @@ from gpurm.nodeagent.records import (
     safe_container_id,
     write_json_atomic,
 )
+from gpurm.nodeagent.shim import LAUNCH_FILE
 from gpurm.proto import gpurm_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -66,15 +88,31 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+HANDSHAKE_TIMEOUT_S = 30.0
+LAUNCHER_LINGER_S = 2.0    # after SIGKILL to the command: how long the launcher may take to record its exit
+KILL_POLL_S = 0.05
+
+
 class ContainerSupervisor:
     def __init__(self, node_id: str, state_dir: Path, *,
                  env_passthrough: Sequence[str] = DEFAULT_ENV_PASSTHROUGH, stop_grace_s: float = 10.0,
                  agent_env: Mapping[str, str] | None = None,
-                 clock_ms: Callable[[], int] = now_ms) -> None:
+                 clock_ms: Callable[[], int] = now_ms,
+                 run_as: RunAsMode = RunAsMode.AGENT, cgroups: CgroupManager | None = None,
+                 log_max_size: int = 0, log_keep: int = 3,
+                 node_gpus: int = 0, node_cpus: int = 0, node_memory_mib: int = 0) -> None:
         self.node_id = node_id
         self.containers_dir = state_dir / "containers"
         self.env_passthrough = tuple(env_passthrough)
         self.stop_grace_s = stop_grace_s
+        self.run_as = run_as
+        self.cgroups = cgroups or CgroupManager.disabled()
+        self.log_max_size = log_max_size
+        self.log_keep = log_keep
+        self.node_gpus, self.node_cpus, self.node_memory_mib = node_gpus, node_cpus, node_memory_mib
+        # Ties every process of a container to it, even one that left its group: unique per agent state dir,
+        # so two agents on one machine (tests, dev clusters) never mistake each other's containers.
+        self.marker_prefix = agent_cgroup_name(node_id, state_dir)
         self._agent_env = dict(os.environ if agent_env is None else agent_env)
         self._clock_ms = clock_ms
         self._records: dict[str, ContainerRecord] = {}
@@ -82,11 +120,14 @@ class ContainerSupervisor:
         # on the next Popen would steal the exit status from our watcher.
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._ended: dict[str, asyncio.Event] = {}
+        self._starting: dict[str, asyncio.Future[None]] = {}
         self._stops: dict[str, asyncio.Task[None]] = {}
-        self._kill_at: dict[str, float] = {}  # loop time when a stopping container's group gets SIGKILL
+        self._kill_at: dict[str, float] = {}  # loop time when a stopping container's processes get SIGKILL
         self._tasks: set[asyncio.Task[None]] = set()
         self._listeners: list[ChangeListener] = []
         self._lock = asyncio.Lock()
+        self._cgroup_warned = False
+        self.cgroup_root = "off"  # where open() sets cgroups up: auto | off | a cgroup v2 directory
 
     # ------------------------------------------------------------------ queries
 
@@ -101,6 +142,9 @@ class ContainerSupervisor:
 
     def log_path(self, container_id: str) -> Path:
         return self.container_dir(container_id) / LOG_FILE
+
+    def marker(self, container_id: str) -> str:
+        return f"{self.marker_prefix}/{container_id}"
 
     def record(self, container_id: str) -> ContainerRecord | None:
         return self._records.get(container_id)
@@ -121,15 +165,70 @@ class ContainerSupervisor:
         """GPU index → the live container holding it."""
         return {g: r.container_id for r in self._records.values() if r.live for g in r.gpu_indices}
 
+    def processes(self, container_id: str) -> set[int]:
+        """Every live process of a container (launcher included); empty when it is unknown or gone."""
+        rec = self._records.get(container_id)
+        return self._members(rec) if rec is not None else set()
+
     def _load_ended(self, container_id: str) -> ContainerRecord | None:
         if not safe_container_id(container_id):
             return None
         rec = read_record(self.containers_dir / container_id)
         if rec is not None and rec.live:
-            # Launched by an earlier agent process and not adopted (adoption is a later issue).
+            # Live on disk, unknown here: left by an earlier agent process and not adopted (adopt() not run).
             rec.state = pb.CONTAINER_LOST
             rec.diagnostics = "the agent restarted and did not adopt this container"
         return rec
+
+    # ------------------------------------------------------------------ opening, adoption
+
+    def open(self) -> list[ContainerRecord]:
+        """The daemon's start (in the event loop): cgroups under `cgroup_root` (one warning when they cannot
+        be used), one line on whom containers run as, then `adopt`. Returns the adopted records."""
+        if self.cgroup_root == "off":
+            self.cgroups = CgroupManager.disabled()
+            log.info("cgroups off (containers.cgroup_root: off): no CPU / memory limits")
+        else:
+            root = None if self.cgroup_root == "auto" else Path(self.cgroup_root)
+            self.cgroups = CgroupManager.setup(root, self.marker_prefix)
+            if self.cgroups.warning:
+                log.warning("%s", self.cgroups.warning)
+            else:
+                log.info("containers get cgroups under %s (cpu.max, memory.max in proportion to their GPUs)",
+                         self.cgroups.base)
+        log.info("%s", startup_note(self.run_as))
+        adopted = self.adopt()
+        if adopted:
+            log.info("adopted %d containers of the previous agent process (%d still running)", len(adopted),
+                     sum(1 for r in adopted if r.state == pb.CONTAINER_RUNNING))
+        return adopted
+
+
+    def adopt(self) -> list[ContainerRecord]:
+        """Take over the containers an earlier agent process left live on disk (call once, in the event loop,
+        before serving): those still running are watched again, those that ended meanwhile get their exit
+        code from exit.json (or are LOST without one). Returns the records taken over."""
+        try:
+            dirs = sorted(d for d in self.containers_dir.iterdir() if d.is_dir())
+        except FileNotFoundError:
+            return []
+        adopted = []
+        for cdir in dirs:
+            rec = read_record(cdir)
+            if rec is None or rec.terminal or rec.container_id in self._records:
+                continue
+            self._records[rec.container_id] = rec
+            self._ended[rec.container_id] = asyncio.Event()
+            running = rec.shim_pid > 0 and same_process(rec.shim_pid, rec.shim_start)
+            if running and rec.state == pb.CONTAINER_STARTING and rec.pid:
+                rec.state = pb.CONTAINER_RUNNING
+            log.info("container %s (job %s): %s", rec.container_id, rec.job_id,
+                     f"adopted, launcher pid {rec.shim_pid}, command pid {rec.pid}" if running
+                     else "ended while the agent was down")
+            adopted.append(rec)
+            self._changed(rec)  # owed to the RM: registration reports it, and its end follows
+            self._spawn_task(self._watch(rec, None))
+        return adopted
 
     # ------------------------------------------------------------------ start
 
@@ -139,11 +238,15 @@ class ContainerSupervisor:
         """Launch a container, or return the existing record when this id is already known (idempotent).
 
         Raises GpuBusyError when a GPU is held by another live container, ContainerExistsError when the id
-        ran here before and was forgotten. An exec failure is not raised: the record is FAILED_TO_START.
+        ran here before and was forgotten. An exec failure is not raised: the record is FAILED_TO_START
+        (with infra_failure when the fault is the node's: an unknown user, a launcher that died).
         """
         async with self._lock:
             existing = self._records.get(container_id)
             if existing is not None:
+                pending = self._starting.get(container_id)
+                if pending is not None:
+                    await asyncio.shield(pending)
                 return existing
             cdir = self.container_dir(container_id)
             if (cdir / RECORD_FILE).exists():
@@ -157,42 +260,109 @@ class ContainerSupervisor:
             rec = ContainerRecord(
                 container_id=container_id, job_id=job_id, kind=kind, state=pb.CONTAINER_STARTING,
                 gpu_indices=list(gpu_indices), node_id=self.node_id, attempt=attempt, user=user,
-                argv=full_argv, workdir=workdir or str(cdir), start_ms=self._clock_ms(), cpus=cpus,
-                memory_mib=memory_mib,
+                argv=full_argv, workdir=workdir, start_ms=self._clock_ms(), cpus=cpus, memory_mib=memory_mib,
             )
             self._records[container_id] = rec
             self._ended[container_id] = asyncio.Event()
-            cwd = Path(rec.workdir)
-            proc: subprocess.Popen[bytes] | None = None
-            if not full_argv:
-                problem = "cannot start: the command is empty"
-            elif not cwd.is_dir():
-                why = "is not a directory" if cwd.exists() else "does not exist"
-                problem = f"cannot start: workdir {cwd} {why}"
-            else:
-                env_all = container_env(
-                    passthrough=self.env_passthrough, agent_env=self._agent_env, launch_env=env,
-                    container_id=container_id, node_id=self.node_id, kind=kind, gpu_indices=gpu_indices)
-                try:
-                    proc = spawn(full_argv, env_all, cwd, cdir / LOG_FILE)
-                    problem = ""
-                except OSError as exc:
-                    problem = describe_exec_error(exc, full_argv[0])
-            if proc is None:
-                self._fail_to_start(rec, cdir, problem)
-                return rec
-            rec.pid = rec.pgid = proc.pid  # a session leader's group id is its pid
-            rec.state = pb.CONTAINER_RUNNING
-            self._procs[container_id] = proc
-            log.info("container %s (job %s) started: pid %d, GPUs %s", container_id, job_id, proc.pid,
-                     rec.gpu_indices or "none")
-            self._changed(rec)
-            self._spawn_task(self._watch(rec, proc))
-            return rec
+            started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._starting[container_id] = started
+        # The launch (a launcher process and its handshake, ~0.1 s) runs outside the lock, so a gang's
+        # containers start side by side; a repeated start of this id waits on `started`.
+        try:
+            await self._launch(rec, cdir, env)
+        finally:
+            self._starting.pop(container_id, None)
+            started.set_result(None)
+        return rec
 
-    def _fail_to_start(self, rec: ContainerRecord, cdir: Path, problem: str) -> None:
+    async def _launch(self, rec: ContainerRecord, cdir: Path, env: Mapping[str, str]) -> None:
+        try:
+            who = resolve_run_as(rec.user, self.run_as)
+        except UnknownUserError as exc:
+            self._fail_to_start(rec, cdir, f"cannot start: {exc}", infra=True)
+            return
+        rec.run_as = who.user
+        cwd = Path(rec.workdir) if rec.workdir else self._default_workdir(who, cdir)
+        rec.workdir = str(cwd)
+        if not rec.argv:
+            self._fail_to_start(rec, cdir, "cannot start: the command is empty")
+            return
+        if not cwd.is_dir():
+            why = "is not a directory" if cwd.exists() else "does not exist"
+            self._fail_to_start(rec, cdir, f"cannot start: workdir {cwd} {why}")
+            return
+        env_all = container_env(
+            passthrough=self.env_passthrough, agent_env=self._agent_env, launch_env=env,
+            container_id=rec.container_id, node_id=self.node_id, kind=rec.kind, gpu_indices=rec.gpu_indices)
+        if who.switches:
+            for name, value in (("HOME", who.home), ("USER", who.user), ("LOGNAME", who.user)):
+                if name not in env and value:
+                    env_all[name] = value
+        env_all[MARKER_ENV] = self.marker(rec.container_id)
+        limits = share_limits(len(rec.gpu_indices), self.node_gpus, self.node_cpus, self.node_memory_mib,
+                              cpus=rec.cpus, memory_mib=rec.memory_mib)
+        cgroup = self.cgroups.create(rec.container_id, limits)
+        rec.cgroup = str(cgroup) if cgroup is not None else ""
+        try:
+            write_launch_spec(cdir, argv=rec.argv, env=env_all, cwd=cwd, run_as=who, cgroup=cgroup,
+                              log_max_size=self.log_max_size, log_keep=self.log_keep)
+            proc, handshake_fd = spawn_shim(cdir, os.environ)
+        except OSError as exc:
+            self._cleanup_cgroup(rec)
+            self._fail_to_start(rec, cdir, f"cannot start the container's launcher: {exc.strerror or exc}",
+                                infra=True)
+            return
+        answer = await asyncio.to_thread(read_handshake, handshake_fd, HANDSHAKE_TIMEOUT_S)
+        with contextlib.suppress(OSError):
+            (cdir / LAUNCH_FILE).unlink()  # it holds the container's env (tokens): no longer needed
+        if answer.cgroup_error:
+            self._cgroup_problem(rec, answer)
+        if answer.launcher_failed or answer.error:
+            if answer.launcher_failed:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            await asyncio.to_thread(proc.wait)
+            self._cleanup_cgroup(rec)
+            problem = answer.error
+            if answer.launcher_failed:
+                problem += _tail(cdir / LAUNCHER_LOG)
+            self._fail_to_start(rec, cdir, problem, infra=answer.launcher_failed)
+            return
+        rec.pid = answer.pid
+        rec.pgid = rec.shim_pid = proc.pid  # the launcher leads the container's session and group
+        rec.shim_start = start_time(proc.pid)
+        rec.state = pb.CONTAINER_RUNNING
+        self._procs[rec.container_id] = proc
+        log.info("container %s (job %s) started as %s: pid %d, GPUs %s%s", rec.container_id, rec.job_id,
+                 who.user, rec.pid, rec.gpu_indices or "none", f", cgroup {rec.cgroup}" if rec.cgroup else "")
+        self._changed(rec)
+        self._spawn_task(self._watch(rec, proc))
+
+    @staticmethod
+    def _default_workdir(who: RunAs, cdir: Path) -> Path:
+        """The container dir, or for a job run as its user, that user's home (the container dir is the
+        agent's)."""
+        if who.switches and who.home and Path(who.home).is_dir():
+            return Path(who.home)
+        return cdir
+
+    def _cgroup_problem(self, rec: ContainerRecord, answer: Handshake) -> None:
+        if not self._cgroup_warned:
+            log.warning("container %s: %s; it runs without its cgroup (further such failures are logged at "
+                        "debug level)", rec.container_id, answer.cgroup_error)
+            self._cgroup_warned = True
+        else:
+            log.debug("container %s: %s", rec.container_id, answer.cgroup_error)
+        self._cleanup_cgroup(rec)
+
+    def _cleanup_cgroup(self, rec: ContainerRecord) -> None:
+        if rec.cgroup and self.cgroups.remove(Path(rec.cgroup)):
+            rec.cgroup = ""
+
+    def _fail_to_start(self, rec: ContainerRecord, cdir: Path, problem: str, *, infra: bool = False) -> None:
         rec.state = pb.CONTAINER_FAILED_TO_START
         rec.diagnostics = problem
+        rec.infra_failure = infra
         rec.end_ms = self._clock_ms()
         # Also in the log, so `gpurm logs` shows why nothing ran.
         try:
@@ -206,48 +376,113 @@ class ContainerSupervisor:
 
     # ------------------------------------------------------------------ exit and stop
 
-    async def _watch(self, rec: ContainerRecord, proc: subprocess.Popen[bytes]) -> None:
-        try:
-            rc = await wait_for_exit(proc)
-        except OSError as exc:  # the pidfd route failed: fall back to a thread blocked in waitpid
-            log.warning("container %s: watching its exit through a thread (%s)", rec.container_id, exc)
-            rc = await asyncio.to_thread(proc.wait)
-        # The group can outlive its leader (a forked child): the container ends when the whole group is gone.
-        if group_members(rec.pgid):
+    def _members(self, rec: ContainerRecord) -> set[int]:
+        """The container's live processes. The group is trusted while its leader is our child or verified
+        by start time; otherwise its id may have been reused, and only marked members count."""
+        trust = rec.container_id in self._procs or (
+            rec.shim_pid > 0 and same_process(rec.shim_pid, rec.shim_start))
+        return container_processes(rec.pgid, Path(rec.cgroup) if rec.cgroup else None,
+                                   self.marker(rec.container_id), trust_group=trust)
+
+    async def _watch(self, rec: ContainerRecord, proc: subprocess.Popen[bytes] | None) -> None:
+        cid = rec.container_id
+        shim_rc: int | None = None
+        if proc is not None:
+            try:
+                shim_rc = await wait_for_exit(proc)
+            except OSError as exc:  # the pidfd route failed: fall back to a thread blocked in waitpid
+                log.warning("container %s: watching its exit through a thread (%s)", cid, exc)
+                shim_rc = await asyncio.to_thread(proc.wait)
+        elif rec.shim_pid > 0:
+            await wait_pid_exit(rec.shim_pid, rec.shim_start)
+        # Processes can outlive the command (forked, or escaped into their own session): the container ends
+        # when all of them are gone.
+        if self._members(rec):
             loop = asyncio.get_running_loop()
-            kill_at = self._kill_at.get(rec.container_id)
+            kill_at = self._kill_at.get(cid)
             if kill_at is None:
-                signal_group(rec.pgid, signal.SIGTERM)
+                signal_pids(self._members(rec), signal.SIGTERM)
                 kill_at = loop.time() + self.stop_grace_s
-            if not await wait_group_gone(rec.pgid, max(0.0, kill_at - loop.time())):
-                log.warning("container %s: killing what is left of its process group", rec.container_id)
-                if not await kill_group(rec.pgid):
-                    log.error("container %s: process group %d survives SIGKILL", rec.container_id, rec.pgid)
-        rec.state = pb.CONTAINER_EXITED
+            if not await self._wait_members_gone(rec, max(0.0, kill_at - loop.time())):
+                log.warning("container %s: killing what is left of its processes", cid)
+                if not await self._kill_all(rec):
+                    log.error("container %s: processes %s survive SIGKILL", cid, sorted(self._members(rec)))
+        self._cleanup_cgroup(rec)
+        rc = read_exit(self.container_dir(cid))
         rec.end_ms = self._clock_ms()
-        if rc < 0:
-            rec.signal = -rc
-            rec.exit_code = 0
-            what = f"killed by signal {-rc} ({_signame(-rc)})"
+        if rc is None and shim_rc is None:
+            rec.state = pb.CONTAINER_LOST
+            rec.infra_failure = True
+            rec.diagnostics = ("ended while the agent was down, and its exit status was not recorded (its "
+                               "launcher was killed)")
         else:
-            rec.exit_code = rc
-            what = f"exited with code {rc}"
-        rec.diagnostics = f"{what} after stop: {rec.stop_reason}" if rec.stopped and rec.stop_reason else what
-        self._procs.pop(rec.container_id, None)
-        self._kill_at.pop(rec.container_id, None)
-        log.info("container %s (job %s) %s", rec.container_id, rec.job_id, rec.diagnostics)
+            rec.state = pb.CONTAINER_EXITED
+            if rc is None:
+                assert shim_rc is not None
+                rc = shim_rc if shim_rc < 0 else -signal.SIGKILL
+                note = " (its exit status was not recorded: its launcher was killed)"
+            else:
+                note = ""
+            if rc < 0:
+                rec.signal = -rc
+                rec.exit_code = 0
+                what = f"killed by signal {-rc} ({_signame(-rc)})"
+            else:
+                rec.exit_code = rc
+                what = f"exited with code {rc}"
+            what += note
+            rec.diagnostics = f"{what} after stop: {rec.stop_reason}" if rec.stopped and rec.stop_reason else what
+        self._procs.pop(cid, None)
+        self._kill_at.pop(cid, None)
+        log.info("container %s (job %s) %s", cid, rec.job_id, rec.diagnostics)
         self._changed(rec)
-        self._ended[rec.container_id].set()
+        self._ended[cid].set()
+
+    async def _wait_members_gone(self, rec: ContainerRecord, timeout_s: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        poll_s = 0.01
+        while self._members(rec):
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(poll_s, left))
+            poll_s = min(poll_s * 1.5, 0.2)  # a /proc scan costs: poll fast at first, then back off
+        return True
+
+    async def _kill_all(self, rec: ContainerRecord, timeout_s: float = 10.0) -> bool:
+        """SIGKILL every process of the container until none is left (one may fork while we kill). The
+        launcher is spared while anything else lives, so it can record the command's end; it goes too if it
+        lingers past LAUNCHER_LINGER_S. False on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        alone_since: float | None = None
+        while members := self._members(rec):
+            others = members - {rec.shim_pid}
+            if others:
+                alone_since = None
+                signal_pids(others, signal.SIGKILL)
+            else:
+                alone_since = alone_since if alone_since is not None else loop.time()
+                if loop.time() - alone_since >= LAUNCHER_LINGER_S:
+                    signal_pids(members, signal.SIGKILL)
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(KILL_POLL_S)
+        return True
 
     async def stop(self, container_id: str, grace_s: float | None = None,
                    reason: str = "") -> ContainerRecord:
-        """SIGTERM the container's process group, SIGKILL it after `grace_s`; returns once it is all gone.
+        """SIGTERM every process of the container, SIGKILL after `grace_s`; returns once all are gone.
 
         Idempotent: a second call (or one on an ended container) waits for / returns the same end.
         """
         rec = self._records.get(container_id)
         if rec is None:
             raise UnknownContainerError(f"unknown container {container_id}")
+        pending = self._starting.get(container_id)
+        if pending is not None:
+            await asyncio.shield(pending)
         if rec.terminal:
             return rec
         task = self._stops.get(container_id)
@@ -266,14 +501,15 @@ class ContainerSupervisor:
 
     async def _stop(self, rec: ContainerRecord, grace_s: float) -> None:
         ended = self._ended[rec.container_id]
-        signal_group(rec.pgid, signal.SIGTERM)
+        # The launcher gets the TERM too and ignores it (it must record the exit).
+        signal_pids(self._members(rec), signal.SIGTERM)
         try:
             await asyncio.wait_for(ended.wait(), grace_s)
             return
         except TimeoutError:
             pass
-        log.info("container %s: grace over, SIGKILL to process group %d", rec.container_id, rec.pgid)
-        await kill_group(rec.pgid)
+        log.info("container %s: grace over, SIGKILL to its processes", rec.container_id)
+        await self._kill_all(rec)
         await ended.wait()
 
     async def stop_all(self, grace_s: float | None = None,
@@ -299,30 +535,27 @@ class ContainerSupervisor:
         return True
 
     async def close(self) -> None:
-        """Stop watching; the processes keep running (keep_on_shutdown)."""
+        """Stop watching; the processes keep running (keep_on_shutdown), their launchers record their ends
+        for the next agent process to adopt."""
         tasks = list(self._tasks) + list(self._stops.values())
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self.cgroups.remove_base_if_empty()  # fails, as it should, while kept containers run in it
 
     # ------------------------------------------------------------------ logs
 
     def read_log(self, container_id: str, offset: int, max_bytes: int) -> LogChunk:
-        """Up to max_bytes of the output from offset (negative: that many bytes before the end)."""
+        """Up to max_bytes of the output from logical offset `offset` (negative: that many bytes before the
+        end). Offsets count every byte the container wrote, across rotations; bytes rotated away are skipped
+        (next_offset - len(data) is then past `offset`)."""
         cdir = self.container_dir(container_id)
         rec = self._records.get(container_id)
         if rec is None and not (cdir / RECORD_FILE).exists():
             raise UnknownContainerError(f"unknown container {container_id}")
         done = rec is None or rec.terminal  # decided before reading, so done=True means nothing follows
-        try:
-            with (cdir / LOG_FILE).open("rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                start = max(0, size + offset) if offset < 0 else min(offset, size)
-                f.seek(start)
-                data = f.read(max(0, min(max_bytes, size - start)))
-        except FileNotFoundError:
-            size, start, data = 0, 0, b""
-        return LogChunk(data=data, next_offset=start + len(data), size=size, done=done)
+        got = read_range(cdir, offset, max_bytes)
+        return LogChunk(data=got.data, next_offset=got.start + len(got.data), size=got.size, done=done)
 
     # ------------------------------------------------------------------ internals
 
@@ -352,8 +585,30 @@ class ContainerSupervisor:
             log.error("container watcher failed", exc_info=task.exception())
 
 
+def _tail(path: Path, max_bytes: int = 2000) -> str:
+    """The end of the launcher's own error output, for a diagnostic ('' when it wrote nothing)."""
+    try:
+        data = path.read_bytes()[-max_bytes:].decode(errors="replace").strip()
+    except OSError:
+        return ""
+    lines = [ln for ln in data.splitlines() if ln.strip()]
+    return f": {lines[-1]}" if lines else ""
+
+
 def _signame(sig: int) -> str:
     try:
         return signal.Signals(sig).name
     except ValueError:
         return f"signal {sig}"
+
+
+def supervisor_for(cfg: AgentConfig, node_gpus: int) -> ContainerSupervisor:
+    """The agent daemon's supervisor, configured from `cfg.containers`; call `open()` once the agent serves
+    (it sets up cgroups, logs whom containers run as, and adopts the previous agent process's containers)."""
+    cc = cfg.containers
+    supervisor = ContainerSupervisor(
+        cfg.node_id, cfg.state_dir, env_passthrough=cc.env_passthrough, stop_grace_s=cc.stop_grace_s,
+        run_as=cc.run_as, log_max_size=cc.log_max_size, log_keep=cc.log_keep,
+        node_gpus=node_gpus, node_cpus=cfg.cpus, node_memory_mib=cfg.memory_mib)
+    supervisor.cgroup_root = cc.cgroup_root
+    return supervisor

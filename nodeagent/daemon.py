@@ -1,4 +1,5 @@
-"""The node agent daemon: discover GPUs, serve ContainerManager, keep the RM informed, stream logs.
+"""The node agent daemon: discover GPUs, serve ContainerManager, keep the RM informed, stream logs, watch
+GPU and node health and publish GPU telemetry (`monitor.py`).
 
 Shutdown (SIGTERM / SIGINT) stops every container (TERM, grace, KILL of each process group) unless
 `containers.keep_on_shutdown`, reports their final statuses to the RM (best effort, 2 s), and exits 0.
@@ -16,13 +17,15 @@ from pathlib import Path
 import grpc
 
 from gpurm.nodeagent.config import AgentConfig
-from gpurm.nodeagent.containers import ContainerSupervisor
-from gpurm.nodeagent.gpus import GpuDevice, GpuDiscoveryError, make_provider
+from gpurm.nodeagent.containers import ContainerSupervisor, supervisor_for
+from gpurm.nodeagent.gpus import GpuDevice, GpuDiscoveryError, GpuProvider, make_provider
 from gpurm.nodeagent.logstream import LogStreamer
+from gpurm.nodeagent.monitor import AgentMonitor
 from gpurm.nodeagent.ports import PortReserver
 from gpurm.nodeagent.records import write_json_atomic
 from gpurm.nodeagent.service import ContainerManagerServicer
 from gpurm.nodeagent.tracker import Registration, Tracker
+from gpurm.rm import tls
 from gpurm.rm.netcheck import listen_problem
 
 log = logging.getLogger(__name__)
@@ -40,24 +43,45 @@ def discover_gpus(cfg: AgentConfig) -> list[GpuDevice]:
         provider.close()
 
 
+def open_gpus(cfg: AgentConfig) -> tuple[GpuProvider, list[GpuDevice]]:
+    """The configured provider (kept open for health and telemetry) and the GPUs it found."""
+    provider = make_provider(cfg)
+    try:
+        return provider, provider.discover()
+    except BaseException:
+        provider.close()
+        raise
+
+
 async def run_agent(cfg: AgentConfig, *, stop: asyncio.Event | None = None) -> int:
     """Run until `stop` is set or SIGTERM / SIGINT arrives. Returns the exit code (2: config, discovery)."""
     try:
-        gpus = discover_gpus(cfg)
+        provider, gpus = open_gpus(cfg)
     except GpuDiscoveryError as exc:
         log.error("agent %s: %s", cfg.node_id, exc)
         return EXIT_CONFIG
+    try:
+        return await _run_with_gpus(cfg, provider, gpus, stop)
+    finally:
+        provider.close()
+
+
+async def _run_with_gpus(cfg: AgentConfig, provider: GpuProvider, gpus: list[GpuDevice],
+                         stop: asyncio.Event | None) -> int:
     try:
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         log.error("agent %s: cannot create state_dir %s: %s", cfg.node_id, cfg.state_dir, exc.strerror or exc)
         return EXIT_CONFIG
 
-    supervisor = ContainerSupervisor(cfg.node_id, cfg.state_dir,
-                                     env_passthrough=cfg.containers.env_passthrough,
-                                     stop_grace_s=cfg.containers.stop_grace_s)
+    supervisor = supervisor_for(cfg, len(gpus))  # cgroups, run-as, log rotation (cfg.containers)
+    # One health check before anything is offered: the registration carries what it found.
+    monitor = AgentMonitor(cfg, provider, gpus, supervisor)
+    monitor.check_gpus()
     servicer = ContainerManagerServicer(supervisor, gpus, stop_grace_s=cfg.containers.stop_grace_s,
                                         ports=PortReserver(cfg.host))
+    if cfg.tls is not None:  # the AMs this node starts dial the RM and the agents with the node's certificate
+        servicer.am_env = cfg.tls.env()
     # No SO_REUSEPORT: a second agent on the same port must fail, not silently share it.
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     servicer.add_to_server(server)
@@ -67,27 +91,33 @@ async def run_agent(cfg: AgentConfig, *, stop: asyncio.Event | None = None) -> i
         return EXIT_CONFIG
     why = "address in use or not available"
     try:
-        port = server.add_insecure_port(cfg.listen)
+        port = tls.add_port(server, cfg.listen, cfg.tls)
     except RuntimeError as exc:
         port, why = 0, str(exc)
     if not port:
         log.error("agent %s: cannot listen on %s: %s", cfg.node_id, cfg.listen, why)
         return EXIT_CONFIG
     await server.start()
+    supervisor.open()  # cgroups set up, the previous agent process's containers adopted
     agent_file = cfg.state_dir / AGENT_FILE
     write_json_atomic(agent_file,
                       {"node_id": cfg.node_id, "host": cfg.host, "port": port, "pid": os.getpid()})
-    log.info("agent %s serving ContainerManager on %s:%d, %d GPUs", cfg.node_id, cfg.host, port, len(gpus))
+    log.info("agent %s serving ContainerManager on %s:%d%s, %d GPUs", cfg.node_id, cfg.host, port,
+             " with mTLS" if cfg.tls else "", len(gpus))
 
     streamer = LogStreamer(supervisor, poll_s=cfg.containers.log_poll_s, node_id=cfg.node_id)
 
     def registered(reg: Registration) -> None:
         servicer.token_key = reg.token_key
         streamer.set_broker(reg.mqtt_url)
+        monitor.set_broker(reg.mqtt_url)
 
     tracker = Tracker(cfg, supervisor, gpus, agent_port=port, on_registered=registered)
+    tracker.decorate = monitor.decorate
+    monitor.on_change = tracker.wake
     tasks = [asyncio.create_task(tracker.run(), name="tracker"),
-             asyncio.create_task(streamer.run(), name="logstream")]
+             asyncio.create_task(streamer.run(), name="logstream"),
+             asyncio.create_task(monitor.run(), name="monitor")]
 
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -112,6 +142,7 @@ async def run_agent(cfg: AgentConfig, *, stop: asyncio.Event | None = None) -> i
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await tracker.close()
+        await monitor.close()
         await server.stop(grace=1.0)
         await supervisor.close()
         for sig in handled:

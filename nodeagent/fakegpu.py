@@ -1,11 +1,23 @@
-"""A fake GPU provider: a deterministic, plausible server (DGX-like) for dev clusters, tests and demos."""
+"""A fake GPU provider: a deterministic, plausible server (DGX-like) for dev clusters, tests and demos.
+
+Faults can be injected: `fail_gpus` (indices unhealthy from the start) and `fault_file`, read on every health
+poll, one fault per line: `INDEX xid N`, `INDEX lost` (fell off the bus), `INDEX ecc`, or `INDEX any text`
+(a fault with that text as the reason); `#` starts a comment. Telemetry is deterministic: an idle GPU shows
+0% and a little memory, a GPU a container holds shows a utilization and memory derived from the container id.
+"""
 
 from __future__ import annotations
 
+import logging
 import uuid
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-from gpurm.nodeagent.gpus import GpuDevice, GpuDiscoveryError, GpuLink
+from gpurm.nodeagent.gpus import GpuDevice, GpuDiscoveryError, GpuEvent, GpuEventKind, GpuLink, GpuSample
 from gpurm.proto import gpurm_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 # A fixed namespace so the same node id and index give the same UUID on every start (the RM keys health
 # history by UUID).
@@ -23,7 +35,7 @@ class FakeGpuProvider:
     """`count` identical GPUs in `nvlink_islands` equal NVLink islands; two NUMA nodes split by halves."""
 
     def __init__(self, count: int, model: str, memory_mib: int, nvlink_islands: int, node_id: str, *,
-                 cpus: int = 0) -> None:
+                 cpus: int = 0, fail_gpus: Sequence[int] = (), fault_file: Path | None = None) -> None:
         if count < 0:
             raise GpuDiscoveryError(f"gpus.fake must be 0 or more, got {count}")
         if count and (nvlink_islands < 1 or count % nvlink_islands):
@@ -35,6 +47,11 @@ class FakeGpuProvider:
         self.nvlink_islands = max(1, nvlink_islands)
         self.node_id = node_id
         self.cpus = cpus
+        self.fail_gpus = [i for i in fail_gpus if 0 <= i < count]
+        self.fault_file = fault_file
+        self._reported: set[str] = set()   # fault lines already turned into events
+        self._lost: set[int] = set()
+        self.samples = 0
 
     def island_of(self, index: int) -> int:
         return index // (self.count // self.nvlink_islands)
@@ -66,5 +83,75 @@ class FakeGpuProvider:
             ))
         return devices
 
+    def poll_events(self) -> list[GpuEvent]:
+        events: list[GpuEvent] = []
+        for i in self.fail_gpus:
+            key = f"fail_gpus:{i}"
+            if key not in self._reported:
+                self._reported.add(key)
+                events.append(GpuEvent(i, GpuEventKind.FAULT, detail="injected fault (gpus.fail_gpus)"))
+        if self.fault_file is None:
+            return events
+        try:
+            text = self.fault_file.read_text()
+        except FileNotFoundError:
+            return events
+        except OSError as exc:
+            log.warning("gpus.fault_file %s: %s", self.fault_file, exc)
+            return events
+        for raw in text.splitlines():
+            line = raw.split("#", 1)[0].strip()
+            if not line or line in self._reported:
+                continue
+            event = parse_fault(line, self.count)
+            if event is None:
+                log.warning("gpus.fault_file %s: ignoring %r (expected INDEX xid N | lost | ecc | TEXT)",
+                            self.fault_file, line)
+            else:
+                events.append(event)
+                if event.kind is GpuEventKind.LOST:
+                    self._lost.add(event.index)
+            self._reported.add(line)
+        return events
+
+    def sample(self, busy: Mapping[int, str]) -> list[GpuSample]:
+        self.samples += 1
+        out = []
+        for i in range(self.count):
+            if i in self._lost:
+                continue  # a GPU off the bus answers nothing
+            holder = busy.get(i)
+            if holder is None:
+                util, used = 0, min(self.memory_mib, 4)
+            else:
+                h = zlib.crc32(f"{holder}/{i}".encode())
+                util = 55 + h % 41                              # 55-95 %
+                used = self.memory_mib * (30 + (h >> 8) % 61) // 100  # 30-90 % of memory
+            out.append(GpuSample(index=i, util_pct=util, memory_used_mib=used, memory_total_mib=self.memory_mib,
+                                 temperature_c=32 + i % 4 + util * 45 // 100,
+                                 power_w=round(70.0 + util * 6.3, 1)))
+        return out
+
     def close(self) -> None:
         pass
+
+
+def parse_fault(line: str, count: int) -> GpuEvent | None:
+    """One fault_file line -> an event, or None when it is not one."""
+    head, _, rest = line.partition(" ")
+    try:
+        index = int(head)
+    except ValueError:
+        return None
+    if not 0 <= index < count:
+        return None
+    words = rest.split()
+    if len(words) == 2 and words[0].lower() == "xid" and words[1].isdigit():
+        return GpuEvent(index, GpuEventKind.XID, xid=int(words[1]))
+    if words == ["lost"]:
+        return GpuEvent(index, GpuEventKind.LOST, detail="injected (gpus.fault_file)")
+    if words == ["ecc"]:
+        return GpuEvent(index, GpuEventKind.ECC, detail="uncorrectable ECC errors (injected)")
+    if not words:
+        return None
+    return GpuEvent(index, GpuEventKind.FAULT, detail=rest.strip())

@@ -1,21 +1,31 @@
 """How one container process is launched: its argv, its environment, the spawn, and waiting for its exit.
 
-The agent keeps no pipe to a container: output goes straight to a file, and the exit is watched through a
-pidfd, so an agent restart cannot SIGPIPE a learner. (User switching and cgroups, later issues, hook in here:
-`subprocess.Popen(user=..., group=...)` and a cgroup the child joins.)
+Every container runs under a launcher, `gpurm.nodeagent.shim` (see there): the agent writes `launch.json`,
+starts the launcher as a session leader, and reads one handshake line (the command's pid or why exec failed).
+The launcher, not the agent, holds the output pipe (rotating output.log) and waits for the command (writing
+exit.json), so the agent can be killed or upgraded under running containers and adopt them afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
+import select
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from gpurm.nodeagent.identity import RunAs
+from gpurm.nodeagent.procgroup import pid_alive, start_time
+from gpurm.nodeagent.shim import EXIT_FILE, LAUNCH_FILE
 from gpurm.proto import gpurm_pb2 as pb
+
+LAUNCHER_LOG = "launcher.log"
 
 
 def container_argv(kind: pb.ContainerKind, argv: Sequence[str]) -> list[str]:
@@ -43,19 +53,81 @@ def container_env(*, passthrough: Sequence[str], agent_env: Mapping[str, str], l
     return env
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> subprocess.Popen[bytes]:
-    """Start the process as a session (and process group) leader, stdout and stderr appended to log_path.
+@dataclass(frozen=True)
+class Handshake:
+    """The launcher's first word: the command's pid, or why it could not be started."""
 
-    Raises OSError when exec fails (command not found, permission denied ...).
-    """
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    pid: int = 0
+    error: str = ""
+    cgroup_error: str = ""        # the launcher could not join the container's cgroup (it ran without)
+    launcher_failed: bool = False  # the launcher itself died or hung before answering (an agent problem)
+
+
+def write_launch_spec(cdir: Path, *, argv: Sequence[str], env: Mapping[str, str], cwd: Path, run_as: RunAs,
+                      cgroup: Path | None, log_max_size: int, log_keep: int) -> None:
+    """launch.json for the shim; private to the agent's user (it carries the container's env and tokens)."""
+    spec = {"argv": list(argv), "env": dict(env), "cwd": str(cwd), "uid": run_as.uid, "gid": run_as.gid,
+            "groups": list(run_as.groups) if run_as.groups is not None else None,
+            "cgroup": str(cgroup) if cgroup is not None else "", "log_max_size": log_max_size,
+            "log_keep": log_keep}
+    path = cdir / LAUNCH_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(spec, f)
+
+
+def spawn_shim(cdir: Path, env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the launcher as a new session (its group is the container's); returns it and the read end of
+    the handshake pipe. Raises OSError when even the launcher cannot be started."""
+    r, w = os.pipe()
     try:
-        return subprocess.Popen(
-            list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True,
-        )
+        with (cdir / LAUNCHER_LOG).open("ab") as errors:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gpurm.nodeagent.shim", str(cdir), str(w)], env=dict(env), cwd=cdir,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, pass_fds=(w,),
+                start_new_session=True, close_fds=True)
+    except OSError:
+        os.close(r)
+        raise
+    finally:
+        os.close(w)
+    return proc, r
+
+
+def read_handshake(fd: int, timeout_s: float) -> Handshake:
+    """Blocking (run it in a thread): the launcher's answer line, or launcher_failed on EOF / timeout."""
+    deadline = time.monotonic() + timeout_s
+    buf = b""
+    try:
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return Handshake(error=f"the container's launcher did not answer within {timeout_s:g}s",
+                                 launcher_failed=True)
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return Handshake(error="the container's launcher died before starting the command",
+                                 launcher_failed=True)
+            buf += chunk
     finally:
         os.close(fd)
+    try:
+        data = json.loads(buf.split(b"\n", 1)[0])
+    except ValueError:
+        return Handshake(error="the container's launcher answered nonsense", launcher_failed=True)
+    return Handshake(pid=int(data.get("pid", 0)), error=str(data.get("error", "")),
+                     cgroup_error=str(data.get("cgroup_error", "")))
+
+
+def read_exit(cdir: Path) -> int | None:
+    """The command's return code from exit.json (negative = that signal), None when it was not written."""
+    try:
+        return int(json.loads((cdir / EXIT_FILE).read_text())["returncode"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def describe_exec_error(exc: OSError, program: str) -> str:
@@ -87,3 +159,36 @@ async def wait_for_exit(proc: subprocess.Popen[bytes]) -> int:
     finally:
         loop.remove_reader(pidfd)
         os.close(pidfd)
+
+
+async def wait_pid_exit(pid: int, started: int, poll_s: float = 0.5) -> None:
+    """Wait until `pid` (not our child: an adopted container's launcher) has ended, or is no longer the
+    process that started at `started`. A pidfd where the kernel has them, else /proc polling."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = -1
+    if pidfd >= 0 and started and start_time(pid) != started:  # the pid was reused before we opened it
+        os.close(pidfd)
+        return
+    if pidfd < 0:
+        while pid_alive(pid) and (not started or start_time(pid) in (0, started)):
+            await asyncio.sleep(poll_s)
+        return
+    loop = asyncio.get_running_loop()
+    readable = asyncio.Event()
+    loop.add_reader(pidfd, readable.set)
+    try:
+        while pid_alive(pid):  # readable = exited (a zombie counts as gone)
+            await _wait_or(readable, poll_s * 4)
+            readable.clear()
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+
+
+async def _wait_or(event: asyncio.Event, timeout_s: float) -> None:
+    try:
+        await asyncio.wait_for(event.wait(), timeout_s)
+    except TimeoutError:
+        pass

@@ -1,15 +1,15 @@
 """Live container output over MQTT, for `gpurm logs -f`: topic `gpurm/logs/<job_id>/<container_id>`.
 
-Each message is an 8-byte big-endian offset of the chunk in output.log followed by up to 64 KiB of raw bytes
-(QoS 0), so a reader sees gaps and can fill them from ReadLog. The file, not the broker, is the record: with
-no broker, or an unreachable one, the agent keeps going and publishes nothing.
+Each message is an 8-byte big-endian (logical, see logfiles.py) offset of the chunk in the container's output
+followed by up to 64 KiB of raw bytes (QoS 0), so a reader sees gaps and can fill them from ReadLog. The file,
+not the broker, is the record: with no broker, or an unreachable one, the agent keeps going and publishes
+nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import struct
 import uuid
 from dataclasses import dataclass
@@ -20,6 +20,7 @@ import aiomqtt
 
 from gpurm.nodeagent.backoff import Backoff
 from gpurm.nodeagent.containers import ContainerSupervisor
+from gpurm.nodeagent.logfiles import logical_size, read_range
 from gpurm.nodeagent.records import ContainerRecord
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ def parse_mqtt_url(url: str) -> tuple[str, int]:
 @dataclass
 class _Tracked:
     job_id: str
-    path: Path
+    cdir: Path
     offset: int = 0
     ended: bool = False
 
@@ -107,31 +108,22 @@ class LogStreamer:
                 await self._wait_change(self._backoff.next())
 
     async def publish_new(self, client: aiomqtt.Client) -> None:
-        """Publish what every tracked container wrote since the last call; drop ended, drained ones."""
+        """Publish what every tracked container wrote since the last call; drop ended, drained ones.
+
+        Offsets are logical (bytes written since the container started, across rotations of output.log)."""
         for cid, t in list(self._tracked.items()):
-            ended = t.ended  # read before the size: an ended container's file is final
-            try:
-                size = os.stat(t.path).st_size
-            except OSError:
-                size = 0
+            ended = t.ended  # read before the size: an ended container's output is final
+            size = logical_size(t.cdir)
             t.offset = min(t.offset, size)  # truncated under us: follow the file
             if size - t.offset > MAX_BACKLOG_BYTES:
                 t.offset = size - MAX_BACKLOG_BYTES
-            if size > t.offset:
-                try:
-                    f = t.path.open("rb")
-                except OSError as exc:
-                    log.debug("cannot read the log of %s: %s", cid, exc)
-                    continue
-                with f:
-                    f.seek(t.offset)
-                    while t.offset < size:
-                        data = f.read(min(CHUNK_BYTES, size - t.offset))
-                        if not data:
-                            break
-                        await client.publish(log_topic(t.job_id, cid), OFFSET.pack(t.offset) + data, qos=0)
-                        self.published_messages += 1
-                        t.offset += len(data)
+            while t.offset < size:
+                got = read_range(t.cdir, t.offset, min(CHUNK_BYTES, size - t.offset))
+                if not got.data:
+                    break
+                await client.publish(log_topic(t.job_id, cid), OFFSET.pack(got.start) + got.data, qos=0)
+                self.published_messages += 1
+                t.offset = got.start + len(got.data)
             if ended:
                 del self._tracked[cid]
 
@@ -144,7 +136,7 @@ class LogStreamer:
                 # Never ran (failed to start): its one diagnostic line is in ReadLog and the status.
                 return
             t = self._tracked[rec.container_id] = _Tracked(
-                rec.job_id, self.supervisor.log_path(rec.container_id))
+                rec.job_id, self.supervisor.container_dir(rec.container_id))
         t.ended = rec.terminal
 
     def _prune_ended(self) -> None:

@@ -11,6 +11,8 @@ import os
 import signal
 from pathlib import Path
 
+from gpurm.nodeagent.cgroups import cgroup_pids
+
 PROC = Path("/proc")
 
 
@@ -104,3 +106,72 @@ async def kill_group(pgid: int, timeout_s: float = 5.0) -> bool:
         if loop.time() >= deadline:
             return False
     return True
+
+
+# ---------------------------------------------------------------- a container's whole process tree
+
+MARKER_ENV = "GPURM_CONTAINER_KEY"
+
+
+def start_time(pid: int) -> int:
+    """The process's start time (clock ticks after boot, /proc/<pid>/stat field 22); 0 when unknown. A pid
+    with another start time than the one recorded is a different process that reused the number."""
+    fields = _stat_fields(PROC / str(pid))
+    try:
+        return int(fields[19]) if fields else 0
+    except (IndexError, ValueError):
+        return 0
+
+
+def same_process(pid: int, started: int) -> bool:
+    """True while `pid` is alive and is the process that started at `started` (0: not checked)."""
+    if not pid_alive(pid):
+        return False
+    return started == 0 or start_time(pid) in (0, started)
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Live processes whose environment holds `GPURM_CONTAINER_KEY=<marker>`: a container's descendants that
+    left its process group (setsid, setpgid) keep the environment they were started with."""
+    if not marker or not PROC.is_dir():
+        return []
+    needle = f"{MARKER_ENV}={marker}".encode()
+    me = os.getpid()
+    out = []
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and pid_alive(int(entry.name)):
+            out.append(int(entry.name))
+    return out
+
+
+def has_marker(pid: int, marker: str) -> bool:
+    try:
+        env = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return False
+    return f"{MARKER_ENV}={marker}".encode() in env.split(b"\0")
+
+
+def container_processes(pgid: int, cgroup: Path | None, marker: str, *, trust_group: bool = True) -> set[int]:
+    """Every live process of a container: its cgroup's (authoritative where there is one), its process
+    group's, and those carrying its environment marker (scanned only without a cgroup).
+
+    `trust_group=False` (the group's leader is gone and was not our child, so its id may have been reused):
+    only group members that carry the marker count.
+    """
+    members = group_members(pgid)
+    if not trust_group:
+        members = [p for p in members if has_marker(p, marker)]
+    found = set(members)
+    if cgroup is not None and (cgroup / "cgroup.procs").exists():
+        found.update(p for p in cgroup_pids(cgroup) if pid_alive(p))
+    else:
+        found.update(marked_processes(marker))
+    found.discard(os.getpid())
+    return found

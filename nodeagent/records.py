@@ -1,7 +1,7 @@
 """The agent's record of one container, in memory and mirrored to `<state_dir>/containers/<cid>/record.json`.
 
-The JSON file is rewritten atomically on every change so a restarted agent (a later issue: restart adoption)
-can find the processes it launched and what became of them.
+The JSON file is rewritten atomically on every change so a restarted agent can find the processes it launched
+(`ContainerSupervisor.adopt`) and what became of them (`exit.json`, written by the container's launcher).
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpurm.nodeagent.logfiles import LOG_FILE
 from gpurm.proto import gpurm_pb2 as pb
 
+__all__ = ["LOG_FILE", "RECORD_FILE", "ContainerRecord", "read_record", "safe_container_id", "write_json_atomic"]
+
 RECORD_FILE = "record.json"
-LOG_FILE = "output.log"
 TERMINAL_STATES = frozenset({pb.CONTAINER_EXITED, pb.CONTAINER_FAILED_TO_START, pb.CONTAINER_LOST})
 # Container ids become directory names: nothing that could climb out of the containers dir.
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}$")
@@ -48,8 +50,12 @@ class ContainerRecord:
     infra_failure: bool = False
     start_ms: int = 0
     end_ms: int = 0
-    cpus: int = 0                 # share granted by the token; enforced by cgroups in a later issue
+    cpus: int = 0                 # share granted by the token (0: node CPUs * GPUs / node GPUs)
     memory_mib: int = 0
+    run_as: str = ""              # the Unix user the command runs as
+    shim_pid: int = 0             # the launcher (gpurm.nodeagent.shim): session and group leader = pgid
+    shim_start: int = 0           # its start time (/proc/<pid>/stat), so a reused pid is never adopted
+    cgroup: str = ""              # the container's cgroup v2 directory, "" without one
     version: int = 0              # bumped on every change; the heartbeat's pending set compares it
 
     @property

@@ -55,6 +55,7 @@ class ContainerManagerServicer(pb_grpc.ContainerManagerServicer):
         self.ports = ports
         self.token_key = token_key  # set by the tracker from each registration reply
         self.closing = False        # the agent is shutting down: no new containers
+        self.am_env: dict[str, str] = {}  # added to AM containers' env (GPURM_TLS_*: the node's certificate)
         self._clock_ms = clock_ms
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
@@ -123,7 +124,8 @@ class ContainerManagerServicer(pb_grpc.ContainerManagerServicer):
                                      f"GPU {g} is unhealthy: {gpu.health_reason or 'unknown reason'}")
         try:
             rec = await self.supervisor.start(
-                cid, grant.job_id, grant.kind, list(request.launch.argv), dict(request.launch.env),
+                cid, grant.job_id, grant.kind, list(request.launch.argv),
+                {**request.launch.env, **(self.am_env if grant.kind == pb.CONTAINER_AM else {})},
                 request.launch.workdir, indices, grant.attempt, grant.user,
                 cpus=grant.cpus, memory_mib=grant.memory_mib)
         except GpuBusyError as exc:

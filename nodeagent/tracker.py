@@ -26,6 +26,7 @@ from gpurm.nodeagent.gpus import GpuDevice
 from gpurm.nodeagent.records import ContainerRecord
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pb_grpc
+from gpurm.rm import tls
 from gpurm.rm.tokens import TokenKey
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ class Tracker:
         self.agent_port = agent_port
         self.agent_instance = agent_instance or uuid.uuid4().hex
         self.on_registered = on_registered
+        # Fills health and telemetry into each RegisterNodeRequest / NodeHeartbeat before it leaves (monitor.py).
+        self.decorate: Callable[[pb.RegisterNodeRequest | pb.NodeHeartbeat], None] | None = None
         self.registration: Registration | None = None
         self.registered = asyncio.Event()   # set while a session is open
         self.registrations = 0
@@ -103,7 +106,7 @@ class Tracker:
         """Register and heartbeat until cancelled, reconnecting after any failure."""
         while True:
             try:
-                async with grpc.aio.insecure_channel(self.cfg.rm) as channel:
+                async with tls.aio_channel(self.cfg.rm, self.cfg.tls) as channel:
                     stub = _tracker_stub(channel)
                     reg = await self._register(stub)
                     await self._heartbeat(stub, reg)
@@ -113,6 +116,10 @@ class Tracker:
                 await asyncio.sleep(self._backoff.next())
             finally:
                 self.registered.clear()
+
+    def wake(self) -> None:
+        """Send a beat now (health changed)."""
+        self._wake.set()
 
     async def flush(self, timeout_s: float) -> bool:
         """Push pending container changes now and wait until the RM acknowledged them (best effort)."""
@@ -146,6 +153,8 @@ class Tracker:
             memory_mib=self.cfg.memory_mib, containers=[r.to_proto() for r in records],
             agent_version=agent_version(), agent_instance=self.agent_instance, healthy=True,
         )
+        if self.decorate is not None:
+            self.decorate(request)
         versions = {r.container_id: r.version for r in records}
         reply: pb.RegisterNodeResponse = await stub.RegisterNode(request, timeout=REGISTER_TIMEOUT_S)
         # The reply acknowledges every container the request carried, at the version it carried.
@@ -232,8 +241,11 @@ class Tracker:
             if p.sent_seq is None:
                 p.sent_seq = self._seq
             statuses.append(p.status)
-        return pb.NodeHeartbeat(node_id=self.cfg.node_id, session=reg.session, seq=self._seq,
+        beat = pb.NodeHeartbeat(node_id=self.cfg.node_id, session=reg.session, seq=self._seq,
                                 containers=statuses, healthy=True)
+        if self.decorate is not None:
+            self.decorate(beat)
+        return beat
 
     # ------------------------------------------------------------------ pending changes
 

@@ -11,7 +11,11 @@ import yaml
 from gpurm.queues.fields import ConfigError, Problems, Reader, parse_duration
 from gpurm.queues.tree import EVERYONE, Policy, PreemptionSettings, QueueDef, QueueTree
 
-_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_DEPTH = 32
+MAX_COUNT = 1_000_000            # GPUs or jobs: far above any cluster, and within every int32 field
+MAX_WEIGHT = 1e6
+MAX_TIMEOUT_S = 365 * 86400.0
 _QUEUE_KEYS = ("weight", "min_gpus", "max_gpus", "max_running_jobs", "max_gpus_per_user", "acl", "preemptible",
                "policy", "queues", "min_share_preemption_timeout", "fair_share_preemption_timeout",
                "fair_share_preemption_threshold", "preemption_grace")
@@ -27,6 +31,10 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:
+            continue   # construct_mapping below refuses an unhashable key with its line
         if key in seen:
             loader.duplicates.append(f"line {key_node.start_mark.line + 1}: {key!r} is given twice in the same "
                                      "mapping (a duplicate queue name or field)")
@@ -37,16 +45,25 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+def _yaml_problem(source: str, exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"{source}: not valid YAML{where}: {problem}"
+
+
 def load_yaml(text: str, source: str) -> Any:
-    loader = _StrictLoader(text)
+    try:
+        loader = _StrictLoader(text)   # reads the stream at once: refuses unprintable characters here
+    except yaml.YAMLError as exc:
+        raise ConfigError([_yaml_problem(source, exc)]) from None
     loader.duplicates = []
     try:
         data = loader.get_single_data()
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError([f"{source}: not valid YAML{where}: {problem}"]) from None
+        raise ConfigError([_yaml_problem(source, exc)]) from None
+    except RecursionError:
+        raise ConfigError([f"{source}: nested too deeply to read (queues nest at most {MAX_DEPTH} levels)"]) from None
     finally:
         loader.dispose()
     if loader.duplicates:
@@ -63,10 +80,14 @@ def _timeout(r: Reader, key: str, default: float | None) -> float | None:
     if value is None or value in ("off", "never", False):
         return None
     try:
-        return parse_duration(value)
+        seconds = parse_duration(value)
     except ValueError as exc:
         r.error(key, f"{exc} (or `off`)")
         return default
+    if seconds > MAX_TIMEOUT_S:
+        r.error(key, f"must be at most 365d (or `off`), got {value!r:.40}")
+        return default
+    return seconds
 
 
 def _preemption(r: Reader, inherited: PreemptionSettings) -> PreemptionSettings:
@@ -76,7 +97,7 @@ def _preemption(r: Reader, inherited: PreemptionSettings) -> PreemptionSettings:
         min_share_timeout_s=_timeout(r, "min_share_preemption_timeout", inherited.min_share_timeout_s),
         fair_share_timeout_s=_timeout(r, "fair_share_preemption_timeout", inherited.fair_share_timeout_s),
         fair_share_threshold=threshold,
-        grace_s=r.duration("preemption_grace", inherited.grace_s),
+        grace_s=r.duration("preemption_grace", inherited.grace_s, maximum=MAX_TIMEOUT_S),
     )
 
 
@@ -89,7 +110,7 @@ def _acl(r: Reader) -> tuple[list[str] | None, list[str] | None]:
     admin = a.strings("admin") if a.has("admin") else None
     for label, entries in (("submit", submit), ("admin", admin)):
         for e in entries or []:
-            if not e or e == "@" or (e != EVERYONE and not re.match(r"^@?[A-Za-z0-9_.-]+\$?$", e)):
+            if not e or e == "@" or (e != EVERYONE and not re.fullmatch(r"@?[A-Za-z0-9_.-]+\$?", e)):
                 a.error(label, f"{e!r} is not a user, @group or *")
     a.reject_unknown()
     return submit, admin
@@ -97,12 +118,15 @@ def _acl(r: Reader) -> tuple[list[str] | None, list[str] | None]:
 
 def _queue(name: str, path: str, data: Any, p: Problems, inherited: PreemptionSettings) -> QueueDef:
     r = Reader(data, path, p)
+    if path.count(".") > MAX_DEPTH:
+        p.add(path, f"queues nest at most {MAX_DEPTH} levels below root")
+        return QueueDef(name=name, path=path)
     q = QueueDef(name=name, path=path)
-    q.weight = r.number("weight", 1.0, minimum=0.0)
-    q.min_gpus = r.integer("min_gpus", 0, minimum=0)
-    q.max_gpus = r.optional_int("max_gpus", minimum=0)
-    q.max_running_jobs = r.optional_int("max_running_jobs", minimum=0)
-    q.max_gpus_per_user = r.optional_int("max_gpus_per_user", minimum=0)
+    q.weight = r.number("weight", 1.0, minimum=0.0, maximum=MAX_WEIGHT)
+    q.min_gpus = r.integer("min_gpus", 0, minimum=0, maximum=MAX_COUNT)
+    q.max_gpus = r.optional_int("max_gpus", minimum=0, maximum=MAX_COUNT)
+    q.max_running_jobs = r.optional_int("max_running_jobs", minimum=0, maximum=MAX_COUNT)
+    q.max_gpus_per_user = r.optional_int("max_gpus_per_user", minimum=0, maximum=MAX_COUNT)
     q.submit_acl, q.admin_acl = _acl(r)
     if r.has("preemptible"):
         q.preemptible = r.flag("preemptible", True)
@@ -135,8 +159,9 @@ def _children(data: Any, parent: str, p: Problems, inherited: PreemptionSettings
     out = []
     for name, body in data.items():
         path = f"{parent}.{name}"
-        if not isinstance(name, str) or not _NAME.match(name):
-            p.add(path, "queue names use letters, digits, - and _ (no dots)")
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            p.add(path if len(path) <= 200 else f"{parent}.{str(name)[:64]}...",
+                  "queue names use letters, digits, - and _ (no dots), at most 64 of them")
             continue
         if name == "root":
             p.add(path, "`root` is the tree's own name; pick another")

@@ -32,7 +32,10 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"expected a duration like 90s or 5m, got {value!r}")
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:
+            raise ValueError(f"must be a duration below 1e300 seconds, got {value!r:.40}") from None
     elif isinstance(value, str):
         m = _DURATION.match(value)
         if not m:
@@ -90,6 +93,13 @@ class Problems:
 _MISSING: Any = object()
 
 
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:   # an int too large for a float
+        return False
+
+
 class Reader:
     """Reads fields of one mapping, recording problems under `where` instead of raising."""
 
@@ -133,7 +143,8 @@ class Reader:
             self.error(key, f"must be one of {', '.join(allowed)}, got {value!r}")
         return value
 
-    def integer(self, key: str, default: int | None = _MISSING, *, minimum: int | None = None) -> int:
+    def integer(self, key: str, default: int | None = _MISSING, *, minimum: int | None = None,
+                maximum: int | None = None) -> int:
         self.seen.add(key)
         if key not in self.data or self.data[key] is None:
             if default is _MISSING:
@@ -145,15 +156,18 @@ class Reader:
             self.error(key, f"must be an integer, got {value!r}")
             return minimum or 0
         if minimum is not None and value < minimum:
-            self.error(key, f"must be at least {minimum}, got {value}")
+            self.error(key, f"must be at least {minimum}, got {value!r:.40}")
             return minimum
+        if maximum is not None and value > maximum:
+            self.error(key, f"must be at most {maximum}, got {value!r:.40}")
+            return maximum
         return value
 
-    def optional_int(self, key: str, *, minimum: int | None = None) -> int | None:
+    def optional_int(self, key: str, *, minimum: int | None = None, maximum: int | None = None) -> int | None:
         if key not in self.data or self.data[key] is None:
             self.seen.add(key)
             return None
-        return self.integer(key, minimum=minimum)
+        return self.integer(key, minimum=minimum, maximum=maximum)
 
     def number(self, key: str, default: float = _MISSING, *, minimum: float | None = None,
                maximum: float | None = None) -> float:
@@ -164,8 +178,8 @@ class Reader:
                 return minimum or 0.0
             return default
         value = self.data[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            self.error(key, f"must be a number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
+            self.error(key, f"must be a number, got {value!r:.40}")
             return default if default is not _MISSING else 0.0
         if minimum is not None and value < minimum:
             self.error(key, f"must be at least {minimum:g}, got {value:g}")
@@ -183,7 +197,7 @@ class Reader:
             return default
         return value
 
-    def duration(self, key: str, default: float | None = _MISSING) -> float:
+    def duration(self, key: str, default: float | None = _MISSING, *, maximum: float | None = None) -> float:
         self.seen.add(key)
         if key not in self.data or self.data[key] is None:
             if default is _MISSING:
@@ -191,10 +205,14 @@ class Reader:
                 return 0.0
             return default if default is not None else 0.0
         try:
-            return parse_duration(self.data[key])
+            seconds = parse_duration(self.data[key])
         except ValueError as exc:
             self.error(key, str(exc))
             return default if isinstance(default, float | int) else 0.0
+        if maximum is not None and seconds > maximum:
+            self.error(key, f"must be at most {format_duration(maximum)}, got {self.data[key]!r:.40}")
+            return maximum
+        return seconds
 
     def strings(self, key: str, default: list[str] | None = None) -> list[str]:
         self.seen.add(key)

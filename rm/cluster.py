@@ -54,6 +54,9 @@ class Node:
     drain: bool = False
     health_report: str = ""
     islands: list[list[int]] = field(default_factory=list)    # NVLink islands, computed from links
+    # When an AM could not be started because the agent did not answer: no AM goes there until the agent
+    # registers again or beats well after that (its GPUs stay offered: an AM placing learners there learns it).
+    unreachable_since: float | None = None
 
     @property
     def offering(self) -> bool:
@@ -110,8 +113,10 @@ def choose_in_islands(free: Iterable[int], islands: list[list[int]], count: int,
     wanted = sorted(set(preferred))
     if len(wanted) == count and all(i in free_set for i in wanted):
         return wanted
-    if len(islands) <= 1:
-        return free_list[:count]          # one NVLink domain (or none known): any free GPUs are as good
+    if len(islands) <= 1 or all(len(isl) == 1 for isl in islands):
+        # One NVLink domain, none known, or no NVLink at all (every GPU an island of its own: the rules below
+        # would pick the lowest free indices): any free GPUs are as good.
+        return free_list[:count]
     groups = islands
     covered = {i for isl in groups for i in isl}
     groups = [*groups, *[[i] for i in free_list if i not in covered]]

@@ -11,6 +11,7 @@ import yaml
 
 from gpurm.queues.fields import ConfigError, Problems, Reader, parse_address
 from gpurm.rm.core import RMSettings
+from gpurm.rm.tls import TLSConfig, read_tls_section
 
 
 def default_state_dir(component: str) -> Path:
@@ -34,6 +35,7 @@ class RMConfig:
     view_publish_interval_s: float = 0.2    # deltas at most this often
     view_snapshot_interval_s: float = 5.0   # a retained full snapshot at most this often
     scheduler_interval_s: float = 0.05     # at most one scheduling pass per interval under load
+    tls: TLSConfig | None = None            # mTLS for every gRPC connection; None = plaintext
 
     @property
     def advertised(self) -> str:
@@ -84,6 +86,7 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
         m.error("url", f"must look like mqtt://HOST:PORT, got {cfg.mqtt_url!r}")
     m.reject_unknown()
     cfg.admins = r.strings("admins", cfg.admins)
+    cfg.tls = read_tls_section(r, "tls", path.parent if path is not None else None)
     s = RMSettings()
     hb = r.section("heartbeat")
     s.heartbeat_interval_s = hb.duration("interval", s.heartbeat_interval_s)

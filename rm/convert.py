@@ -127,7 +127,7 @@ def container_status_to_pb(c: Container) -> pb.ContainerStatus:
 def gpu_from_pb(msg: pb.GpuInfo) -> GpuRecord:
     return GpuRecord(index=msg.index, uuid=msg.uuid, model=msg.model, memory_mib=msg.memory_mib,
                      pci_bus_id=msg.pci_bus_id, numa_node=msg.numa_node, cpu_affinity=msg.cpu_affinity,
-                     mig_enabled=msg.mig_enabled, healthy=msg.healthy, health_reason=msg.health_reason,
+                     mig_enabled=msg.mig_enabled, healthy=msg.healthy, health_reason=msg.health_reason[:500],
                      links=[(link.peer, int(link.level), link.nvlinks) for link in msg.links])
 
 
@@ -144,7 +144,7 @@ def registration_from_pb(msg: pb.RegisterNodeRequest) -> NodeRegistration:
         ib_domain=msg.ib_domain or msg.rack or "rack-0", gpus=[gpu_from_pb(g) for g in msg.gpus], cpus=msg.cpus,
         memory_mib=msg.memory_mib, containers=[report_from_pb(c) for c in msg.containers],
         agent_version=msg.agent_version, agent_instance=msg.agent_instance, healthy=msg.healthy,
-        health_report=msg.health_report)
+        health_report=msg.health_report[:2000])
 
 
 def node_to_pb(node: Node) -> pb.NodeInfo:

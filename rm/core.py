@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_QUEUE = "default"
 PREEMPT_CHECK_S = 1.0     # how often starvation is checked
+UNREACHABLE_HOLD_S = 10.0    # an agent that failed an AM start gets no AM for this long while it beats
 RECLAIM_HOLD_S = 60.0     # GPUs freed by preemption count as the beneficiary's until it gets them, this long at most
 RECHECK_S = 30.0          # a queue owed GPUs that nobody can spare: look again this much later
 HOARD_CHECK_S = 10.0      # how soon hoarded grants are looked for while a queue waits (simulator cadence)
@@ -227,7 +228,7 @@ class RMCore:
         self.pass_due = True
         self.new_askers: dict[str, None] = {}
         self._seen_releases = -1
-        self._next_check: tuple[tuple[int, int, int], float | None] | None = None
+        self._next_check: tuple[tuple[int, int, int, int], float | None] | None = None
         # GPUs preemption freed for a queue that it has not been granted yet: (GPUs, until), per queue. They keep
         # counting as reclaimed, so the queue's starvation is not answered a second time meanwhile.
         self.reclaimed: dict[str, list[tuple[int, float]]] = {}
@@ -242,6 +243,11 @@ class RMCore:
         self.next_container_seq = 1
         self.recovered_at = 0.0     # when this RM (re)started: AMs and grants older than that get a fresh clock
         self.dirty = Dirty()
+        # Caches for `standing` (ranking las / srtf jobs is asked for often): per job, (GPUs, started) of its
+        # started live learners, dropped whenever one of its containers starts, is added or ends; and the Standing
+        # of a job that runs nothing, which only changes with its attained service and idle time.
+        self._runs: dict[str, tuple[tuple[int, float], ...]] = {}
+        self._idle_standing: dict[str, tuple[tuple[float, float, float], priority.Standing]] = {}
 
     # ------------------------------------------------------------ bookkeeping helpers
 
@@ -290,6 +296,7 @@ class RMCore:
         self._container_changed(c)
 
     def _index_live(self, c: Container) -> None:
+        self._runs.pop(c.job_id, None)
         self.live[c.container_id] = c
         self.live_by_job.setdefault(c.job_id, {})[c.container_id] = c
         if c.kind is ContainerKind.LEARNER and c.phase is ContainerPhase.ALLOCATED:
@@ -298,6 +305,7 @@ class RMCore:
             self.live_ams.setdefault(c.node_id, {})[c.container_id] = None
 
     def _unindex_live(self, c: Container) -> None:
+        self._runs.pop(c.job_id, None)
         self.live.pop(c.container_id, None)
         self.unstarted.pop(c.container_id, None)
         if c.kind is ContainerKind.AM:
@@ -348,12 +356,13 @@ class RMCore:
                                f"queue: {q.short} is a parent queue; jobs go to one of its leaves: {below}")
         return q.path
 
-    def submit(self, spec: JobSpec, user: str, now: float, submit_id: str = "", groups: Iterable[str] = ()) -> Job:
+    def submit(self, spec: JobSpec, user: str, now: float, submit_id: str = "", groups: Iterable[str] = (),
+               check_acl: bool = True) -> Job:
         if submit_id and submit_id in self.submit_ids:
             return self.jobs[self.submit_ids[submit_id]]
         queue = self.resolve_queue(spec.queue)
         leaf = self.queues.tree.by_path[queue]
-        if not acl_allows(leaf.effective_submit, user, groups):
+        if check_acl and not acl_allows(leaf.effective_submit, user, groups):
             admins = ", ".join(sorted(leaf.effective_admin)) or "an RM admin"
             raise RequestError(ErrorCode.PERMISSION_DENIED,
                                f"queue: {user} may not submit to {leaf.short} (submit ACL: "
@@ -423,6 +432,7 @@ class RMCore:
         job.exit_code = exit_code
         job.waiting_reason = ""
         self.queues.want(job.queue, -job.spec.gpus)
+        self._idle_standing.pop(job.job_id, None)
         if job.admitted:
             self.queues.activate(job.queue, -1)
         self._drop_am_wish(job)
@@ -457,7 +467,7 @@ class RMCore:
         only the jobs it starts (plus one per queue that cannot start)."""
         if not any(self.needs_am.values()):
             return
-        nodes = [n for n in self.cluster.nodes.values() if n.offering]
+        nodes = [n for n in self.cluster.nodes.values() if n.offering and n.unreachable_since is None]
         if not nodes:
             return
         # Counting the acquiring jobs walks every job with an AM; skip it when no limit can bind this call.
@@ -465,7 +475,8 @@ class RMCore:
         bound = len(self.with_am) + waiting
         limited = bound >= self.settings.max_active_ams or bound >= self.settings.max_acquiring_per_queue
         active, acquiring = self._am_counts() if limited else (0, {})
-        by_load = SortedList((len(self.live_ams.get(n.node_id, ())), n.node_id) for n in nodes)
+        by_load = [(len(self.live_ams.get(n.node_id, ())), n.node_id) for n in nodes]   # a heap: least loaded first
+        heapq.heapify(by_load)
         heads = [(entries[0], queue) for queue, entries in self.needs_am.items() if entries]
         heapq.heapify(heads)
         while heads:
@@ -481,8 +492,8 @@ class RMCore:
                 active += 1
                 acquiring[queue] = acquiring.get(queue, 0) + 1
             entries.pop(0)
-            count, node_id = by_load.pop(0)
-            by_load.add((count + 1, node_id))
+            count, node_id = by_load[0]
+            heapq.heapreplace(by_load, (count + 1, node_id))
             self._start_am(job, node_id, now)
             if entries:
                 heapq.heappush(heads, (entries[0], queue))
@@ -534,11 +545,22 @@ class RMCore:
             job.waiting_reason = reason
             self._job_changed(job)
 
-    def am_launch_failed(self, container_id: str, reason: str, now: float) -> None:
-        """The shell could not start an AM container (agent unreachable, refused the token ...)."""
+    def am_launch_failed(self, container_id: str, reason: str, now: float, agent_unreachable: bool = False) -> None:
+        """The shell could not start an AM container (agent unreachable, refused the token ...). An unreachable
+        agent is the node's fault, not the job's: the node gets no AM until it is heard from again, and the
+        failure does not count against the job's AM launch retries."""
         c = self.containers.get(container_id)
         if c is None or not c.phase.live:
             return
+        node = self.cluster.nodes.get(c.node_id)
+        if agent_unreachable and node is not None:
+            if node.unreachable_since is None:
+                log.warning("node %s: agent unreachable (%s); no AM goes there until it is heard from", node.node_id,
+                            reason)
+            node.unreachable_since = now
+            job = self.jobs.get(c.job_id)
+            if job is not None and not job.state.terminal:
+                job.am_launch_failures -= 1      # _am_ended counts it; this one was not the job's doing
         self._complete(c, ExitStatus(ExitKind.FAILED_TO_START, diagnostics=reason, infra=True), now)
 
     def _am_ended(self, job: Job, c: Container, now: float) -> None:
@@ -632,8 +654,15 @@ class RMCore:
         if node is None or node.session != session or node.state is NodeState.LOST:
             return HeartbeatAction.REREGISTER
         node.last_heartbeat = now
+        if node.unreachable_since is not None and now - node.unreachable_since > UNREACHABLE_HOLD_S:
+            node.unreachable_since = None        # it beats: try it again for AMs
+            self._launch_ams(now)
         for index, ok, reason in gpu_health:
-            self.cluster.set_gpu_health(node_id, index, ok, reason)
+            gpu = node.gpus.get(index)
+            if gpu is not None and (gpu.healthy, gpu.health_reason) != (ok, reason):
+                log.warning("node %s: GPU %d %s", node_id, index, "healthy again" if ok else f"unhealthy: {reason}")
+                self.cluster.set_gpu_health(node_id, index, ok, reason)
+                self.dirty.nodes.add(node_id)
         if node.health_report != health_report or node.state is not self._healthy_state(node, healthy):
             node.health_report = health_report
             if node.state is not NodeState.DECOMMISSIONED:
@@ -660,6 +689,7 @@ class RMCore:
                 c.phase = ContainerPhase.RUNNING
                 self.unstarted.pop(c.container_id, None)
                 c.started = now
+                self._runs.pop(c.job_id, None)
                 c.pid = r.pid
                 self._container_changed(c)
                 self._update_learner(c)
@@ -829,7 +859,11 @@ class RMCore:
         job = self.get_job(job_id)
         if job.state.terminal and job.am_attempt == am_attempt:
             return AllocateResult(response_id, [], [], kill_requested=True)
-        job, app = self._app(job_id, am_attempt)
+        app_or_none = self.apps.get(job_id)
+        if app_or_none is not None and app_or_none.am_attempt == am_attempt == job.am_attempt:
+            app = app_or_none                 # the usual call: what _app would answer, without looking twice
+        else:
+            job, app = self._app(job_id, am_attempt)
         self._mark_registered(job, app, now)   # an AM that allocates has registered, even with a former RM
         if app.last_response is not None and response_id + 1 == app.response_id:
             return app.last_response          # a retry of the last call: same answer, nothing done twice
@@ -840,7 +874,7 @@ class RMCore:
         for report in reports:
             self._apply_attempt(job, report, now)
         unseen = [(g.node_id, self.cluster.nodes[g.node_id].rack, len(g.gpu_indices)) for g in app.pending_grants]
-        new_asks = subtract_grants(asks, unseen)
+        new_asks = subtract_grants(asks, unseen) if asks else []
         if new_asks != app.app.asks and new_asks:
             self.new_askers[job_id] = None
         app.app.asks = new_asks
@@ -1074,7 +1108,7 @@ class RMCore:
             held = [c for app in self.apps.values() if app.app.queue == q.path
                     for c in self.job_containers(app.app.job_id)
                     if c.kind is ContainerKind.LEARNER and c.phase is ContainerPhase.ALLOCATED and not c.pid
-                    and self.jobs[c.job_id].state is not JobState.RUNNING]
+                    and self.jobs[c.job_id].state is not JobState.RUNNING and not self._launched(c)]
             for c in sorted(held, key=lambda c: (-c.created, c.container_id)):
                 if excess <= 0:
                     break
@@ -1087,12 +1121,24 @@ class RMCore:
                 revoked.append(c.container_id)
         return revoked
 
+    def _jobs_waiting_with_am(self) -> bool:
+        """Whether some job has an AM but runs nothing (it may outrank a running job of its queue, even while its
+        AM, seeing no room, asks for nothing)."""
+        holding = {c.job_id for c in self.live.values() if c.kind is ContainerKind.LEARNER}
+        return any(j not in holding for j in self.with_am)
+
+    def _launched(self, c: Container) -> bool:
+        """Whether the AM has already launched this grant as a learner (it says so before the agent does): the
+        gang is complete, so taking the grant back would fail an attempt that hoards nothing."""
+        attempt = self.jobs[c.job_id].current_attempt
+        return attempt is not None and any(lr.container_id == c.container_id for lr in attempt.learners)
+
     def next_check(self, now: float) -> float | None:
         """When time-driven queue work (a starvation timeout running out, a preemption deadline, revoking a
         hoarded gang, in-queue ranks changing) may next come due; None when nothing can. The daemon ticks every
         second anyway; the simulator sleeps until then."""
         book = self.queues
-        signature = (book.version, sum(self.reclaiming_live.values()), len(self.asking))
+        signature = (book.version, sum(self.reclaiming_live.values()), len(self.asking), len(self.with_am))
         cached = self._next_check
         if cached is not None and cached[0] == signature and (cached[1] is None or cached[1] > now):
             return cached[1]
@@ -1118,7 +1164,7 @@ class RMCore:
                            default=now + RECHECK_S))
         if book.waiting(shares) and self.unstarted:
             due.append(now + HOARD_CHECK_S)      # an incomplete gang holds grants that may be hoarded
-        if self.settings.inqueue_preemption and self.asking:
+        if self.settings.inqueue_preemption and (self.asking or self._jobs_waiting_with_am()):
             due.append(now + max(self.settings.inqueue_min_run_s / 2, HOARD_CHECK_S))
         when = max(min(due), now + 1e-6) if due else None
         self._next_check = (signature, when)
@@ -1144,32 +1190,57 @@ class RMCore:
         self._job_changed(job)
 
     def standing(self, job: Job, now: float) -> priority.Standing:
-        running = [c for c in self.live_by_job.get(job.job_id, {}).values()
-                   if c.kind is ContainerKind.LEARNER and c.started]
-        attained = job.attained_gpu_s + sum(c.gpus * (now - c.started) for c in running)
+        runs = self._runs.get(job.job_id)
+        if runs is None:
+            runs = self._runs[job.job_id] = tuple(
+                (c.gpus, c.started) for c in self.live_by_job.get(job.job_id, {}).values()
+                if c.kind is ContainerKind.LEARNER and c.started)
+        if not runs:
+            # Running nothing: its standing does not change with the clock (shared; nobody mutates a Standing).
+            key = (job.attained_gpu_s, job.idle_since, job.expected_gpu_s)
+            cached = self._idle_standing.get(job.job_id)
+            if cached is not None and cached[0] == key:
+                return cached[1]
+            attained = job.attained_gpu_s
+            s = priority.Standing(
+                job.job_id, job.seq, job.spec.gpus, attained_gpu_s=attained,
+                executed_s=attained / max(job.spec.gpus, 1), waiting_since=job.idle_since,
+                remaining_gpu_s=max(0.0, job.expected_gpu_s - attained), running_since=-1.0)
+            self._idle_standing[job.job_id] = (key, s)
+            return s
+        attained = job.attained_gpu_s + sum(g * (now - started) for g, started in runs)
         return priority.Standing(
             job.job_id, job.seq, job.spec.gpus, attained_gpu_s=attained, executed_s=attained / max(job.spec.gpus, 1),
             waiting_since=job.idle_since, remaining_gpu_s=max(0.0, job.expected_gpu_s - attained),
-            running_since=min((c.started for c in running), default=-1.0))
+            running_since=min(started for _, started in runs))
 
     def preempt_in_queue(self, now: float) -> list[tuple[str, str]]:
         """Tiresias-style: inside a leaf with a preemptive policy (las, srtf), a waiting job that outranks
         running ones takes their GPUs. Off unless `settings.inqueue_preemption` (the simulator's las / srtf)."""
         if not self.settings.inqueue_preemption:
             return []
-        holding = self._holding()
         busy = {c.job_id for c in self.live.values() if c.preempt_deadline}
-        running: dict[str, list[priority.Standing]] = {}
-        waiting: dict[str, list[priority.Standing]] = {}
+        running_jobs: dict[str, list[Job]] = {}
+        waiting_jobs: dict[str, list[Job]] = {}
+        preemptive: dict[str, bool] = {}      # per queue
+        learner = ContainerKind.LEARNER
         for job_id in self.with_am:
             job = self.jobs[job_id]
-            leaf = self.queues.tree.by_path.get(job.queue)
-            if leaf is None or not priority.preemptive(self.scheduler.policy_of(leaf)) or job_id in busy:
+            ok = preemptive.get(job.queue)
+            if ok is None:
+                leaf = self.queues.tree.by_path.get(job.queue)
+                ok = preemptive[job.queue] = leaf is not None and priority.preemptive(self.scheduler.policy_of(leaf))
+            if not ok or job_id in busy:
                 continue
-            target = running if job_id in holding else waiting
-            target.setdefault(job.queue, []).append(self.standing(job, now))
-        out: list[tuple[str, str]] = []
+            mine = self.live_by_job.get(job_id)
+            holds = mine is not None and any(c.kind is learner for c in mine.values())
+            (running_jobs if holds else waiting_jobs).setdefault(job.queue, []).append(job)
         idle = self.cluster.free_gpus
+        # Ranks only where they can matter: a queue whose waiting jobs all fit in the idle GPUs takes nothing.
+        waiting = {q: [self.standing(j, now) for j in jobs] for q, jobs in waiting_jobs.items()
+                   if q in running_jobs and sum(j.spec.gpus for j in jobs) > idle}
+        running = {q: [self.standing(j, now) for j in running_jobs[q]] for q in waiting}
+        out: list[tuple[str, str]] = []
         for queue, waits in waiting.items():
             policy = self.scheduler.policy_of(self.queues.tree.by_path[queue])
             pairs = priority.in_queue_victims(policy, now, waits, running.get(queue, []), idle,

@@ -28,13 +28,13 @@ from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.config import parse_queues
 from gpurm.queues.fields import ConfigError, parse_address
 from gpurm.queues.tree import QueueTree, default_tree
-from gpurm.rm import convert, mqtt
+from gpurm.rm import convert, mqtt, tls
 from gpurm.rm.broker import EmbeddedBroker
 from gpurm.rm.config import RMConfig
 from gpurm.rm.core import ErrorCode, JobChanged, LaunchAM, RequestError, RMCore
 from gpurm.rm.model import Container, ContainerKind, Job
 from gpurm.rm.netcheck import listen_problem
-from gpurm.rm.service import AdminService, AMService, ClientService, TrackerService
+from gpurm.rm.service import AdminService, AMService, ClientService, DecodeGuard, TrackerService
 from gpurm.rm.store import SqliteStore
 from gpurm.rm.tokens import TokenKey, am_token, load_or_create_key, sign_container
 
@@ -110,7 +110,7 @@ class RMShell:
         address = f"{node.host}:{node.port}"
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address)
+            channel = tls.aio_channel(address, self.config.tls)
             self._channels[address] = channel
         return channel
 
@@ -136,6 +136,7 @@ class RMShell:
                                            launch=pb.LaunchContext(argv=[], env=env))
         stub = pbg.ContainerManagerStub(self.agent_channel(effect.node_id))
         failure = ""
+        unreachable = False
         try:
             reply = await stub.StartContainer(request, timeout=AGENT_CALL_TIMEOUT_S)
             if reply.status.state == pb.CONTAINER_FAILED_TO_START:
@@ -145,10 +146,11 @@ class RMShell:
                          reply.status.pid)
         except grpc.aio.AioRpcError as exc:
             failure = f"agent {effect.node_id} refused or unreachable: {exc.code().name}: {exc.details()}"
+            unreachable = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
         if failure:
             log.warning("could not start AM %s: %s", c.container_id, failure)
             with self.mutation():
-                self.core.am_launch_failed(c.container_id, failure, time.time())
+                self.core.am_launch_failed(c.container_id, failure, time.time(), agent_unreachable=unreachable)
 
     # ------------------------------------------------------------ MQTT
 
@@ -417,14 +419,14 @@ class RMShell:
         self.publisher.start()
         # No SO_REUSEPORT: a second RM on the same port must fail, not silently share it.
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 16 * 1024 * 1024),
-                                          ("grpc.so_reuseport", 0)])
+                                          ("grpc.so_reuseport", 0)], interceptors=[DecodeGuard()])
         pbg.add_ClientServicer_to_server(ClientService(self), server)
         pbg.add_AdminServicer_to_server(AdminService(self), server)
         pbg.add_ApplicationMasterServicer_to_server(AMService(self), server)
         pbg.add_ResourceTrackerServicer_to_server(TrackerService(self), server)
         host, port = parse_address(self.config.listen)
         try:
-            bound = server.add_insecure_port(f"{host}:{port}")
+            bound = tls.add_port(server, f"{host}:{port}", self.config.tls)
         except RuntimeError:
             bound = 0
         if not bound:
@@ -432,9 +434,9 @@ class RMShell:
         await server.start()
         self._write_pidfile(host, bound)
         live = sum(1 for j in self.core.jobs.values() if not j.state.terminal)
-        log.info("RM serving on %s:%d (MQTT %s); restart to serving took %.0f ms; %d jobs (%d live), %d nodes "
-                 "known", host, bound, self.mqtt_url, (time.monotonic() - t0) * 1000, len(self.core.jobs), live,
-                 len(self.core.cluster.nodes))
+        log.info("RM serving on %s:%d%s (MQTT %s); restart to serving took %.0f ms; %d jobs (%d live), %d nodes "
+                 "known", host, bound, " with mTLS" if self.config.tls else "", self.mqtt_url,
+                 (time.monotonic() - t0) * 1000, len(self.core.jobs), live, len(self.core.cluster.nodes))
         with self.mutation():
             for job in self.core.jobs.values():
                 self._publish_job(job.job_id)

@@ -19,6 +19,11 @@ from gpurm.queues.fields import ConfigError, Problems, Reader
 
 DEFAULT_MAX_RETRIES = 3
 MAX_GPUS_PER_JOB = 4096
+MAX_COMMAND_ARGS = 65536
+MAX_COMMAND_BYTES = 1 << 20     # the kernel takes about 2 MiB of argv and environment together
+MAX_ENV_VARS = 1024
+MAX_ENV_BYTES = 1 << 20
+MAX_WORKDIR = 4096              # PATH_MAX
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "GPURM_")
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -143,6 +148,11 @@ def _level(r: Reader, key: str) -> LocalityLevel:
         return LocalityLevel.PACKED
 
 
+def _clip(text: str, limit: int = 80) -> str:
+    """A user's value quoted in an error, cut short: an error must stay readable (and fit a gRPC status)."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
 def validate_spec(spec: JobSpec) -> list[str]:
     """Problems with a spec however it arrived (YAML, flags or a raw RPC); empty when it is fine."""
     out: list[str] = []
@@ -156,21 +166,31 @@ def validate_spec(spec: JobSpec) -> list[str]:
         out.append("command: the shell command is empty")
     if any("\x00" in a for a in spec.command):
         out.append("command: must not contain NUL characters")
+    if len(spec.command) > MAX_COMMAND_ARGS:
+        out.append(f"command: at most {MAX_COMMAND_ARGS} arguments, got {len(spec.command)}")
+    elif sum(len(a.encode()) + 1 for a in spec.command) > MAX_COMMAND_BYTES:
+        out.append(f"command: at most {MAX_COMMAND_BYTES >> 20} MiB in all")
     if len(spec.name) > 128:
         out.append("name: at most 128 characters")
     if spec.name and not spec.name.isprintable():
         out.append("name: must be printable text")
-    if spec.queue and not _QUEUE_NAME.match(spec.queue):
-        out.append(f"queue: {spec.queue!r} is not a queue path like research.nlp")
+    if spec.queue and not _QUEUE_NAME.fullmatch(spec.queue):
+        out.append(f"queue: {_clip(spec.queue)} is not a queue path like research.nlp")
     if spec.workdir and not spec.workdir.startswith("/"):
-        out.append(f"workdir: must be an absolute path, got {spec.workdir!r}")
-    for name, value in spec.env.items():
-        if not _ENV_NAME.match(name):
-            out.append(f"env.{name}: not a valid environment variable name")
+        out.append(f"workdir: must be an absolute path, got {_clip(spec.workdir)}")
+    elif len(spec.workdir) > MAX_WORKDIR:
+        out.append(f"workdir: at most {MAX_WORKDIR} characters, got {len(spec.workdir)}")
+    if len(spec.env) > MAX_ENV_VARS:
+        out.append(f"env: at most {MAX_ENV_VARS} variables, got {len(spec.env)}")
+    elif sum(len(k.encode()) + len(v.encode()) + 2 for k, v in spec.env.items()) > MAX_ENV_BYTES:
+        out.append(f"env: at most {MAX_ENV_BYTES >> 20} MiB in all")
+    for name, value in list(spec.env.items())[:MAX_ENV_VARS]:
+        if not _ENV_NAME.fullmatch(name):
+            out.append(f"env.{_clip(name)}: not a valid environment variable name")
         elif name == RESERVED_ENV[0] or name.startswith(RESERVED_ENV[1]):
             out.append(f"env.{name}: is set by gpurm and cannot be overridden")
         if "\x00" in value:
-            out.append(f"env.{name}: must not contain NUL characters")
+            out.append(f"env.{_clip(name)}: must not contain NUL characters")
     if spec.max_retries < 0 or spec.max_retries > 100:
         out.append(f"max_retries: must be between 0 and 100, got {spec.max_retries}")
     loc = spec.locality

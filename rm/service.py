@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.fields import ConfigError
-from gpurm.rm import convert
+from gpurm.rm import convert, tls
 from gpurm.rm.core import ErrorCode, HeartbeatAction, RequestError
 from gpurm.rm.jobspec import spec_from_proto
 from gpurm.rm.tokens import check_am_token
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 USER_KEY = "x-gpurm-user"
 AM_TOKEN_KEY = "x-gpurm-am-token"
 MAX_LIST = 10000
+MAX_DETAILS = 2000   # bytes of a status message (percent-encoded, at most ~3x that on the wire)
 
 _CODES = {
     ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
@@ -43,6 +45,21 @@ Ctx = grpc.aio.ServicerContext[Any, Any]
 Handler = Callable[[Any, Any, Ctx], Awaitable[R]]
 
 
+def status_details(*problems: str, limit: int = MAX_DETAILS) -> str:
+    """Problems joined for a gRPC status, each cut to a fair part of `limit` UTF-8 bytes: gRPC sends the message
+    percent-encoded in a trailer of at most 8 KiB, and a longer one arrives as RESOURCE_EXHAUSTED without it."""
+    each = max(limit // max(len(problems), 1), 120)
+    parts = [_cut(p, each) for p in problems]
+    return _cut("; ".join(parts), limit)
+
+
+def _cut(text: str, limit: int) -> str:
+    raw = text.encode()
+    if len(raw) <= limit:
+        return text
+    return raw[:limit - 3].decode(errors="ignore") + "..."
+
+
 def rpc(fn: Handler[R]) -> Handler[R]:
     """Map refusals to gRPC status codes; an unexpected error is logged and answered, never fatal."""
 
@@ -51,22 +68,73 @@ def rpc(fn: Handler[R]) -> Handler[R]:
         try:
             return await fn(self, request, context)
         except RequestError as exc:
-            await context.abort(_CODES[exc.code], exc.message)
+            await context.abort(_CODES[exc.code], status_details(exc.message))
         except ConfigError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(exc.problems))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, status_details(*exc.problems))
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception as exc:
             log.exception("%s failed", fn.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in the RM ({type(exc).__name__}: "
-                                                          f"{exc}); see the RM log")
+            await context.abort(grpc.StatusCode.INTERNAL, status_details(
+                f"internal error in the RM ({type(exc).__name__}: {exc}); see the RM log"))
         raise AssertionError("unreachable")
 
     return wrapper
 
 
+class DecodeGuard(grpc.aio.ServerInterceptor):
+    """Parses requests itself, so bytes that are not a valid message get INVALID_ARGUMENT naming the method
+    (gRPC alone answers UNKNOWN and logs a traceback per such request)."""
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = await continuation(details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        parse, method = handler.request_deserializer, details.method
+
+        async def refuse(context: Ctx, exc: Exception) -> None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                status_details(f"request: not a valid {method} request message ({exc})"))
+
+        if handler.unary_unary is not None:
+            unary = handler.unary_unary
+
+            async def parsed_unary(raw: bytes, context: Ctx) -> Any:
+                try:
+                    request = parse(raw)
+                except DecodeError as exc:
+                    await refuse(context, exc)
+                return await unary(request, context)
+
+            return handler._replace(request_deserializer=None, unary_unary=parsed_unary)
+        if handler.stream_stream is not None:
+            stream = handler.stream_stream
+
+            async def parsed_stream(raws: AsyncIterator[bytes], context: Ctx) -> AsyncIterator[Any]:
+                # An async generator function itself: gRPC tells a streaming handler's kind by its function.
+                async def requests() -> AsyncIterator[Any]:
+                    async for raw in raws:
+                        try:
+                            yield parse(raw)
+                        except DecodeError as exc:
+                            await refuse(context, exc)
+
+                async for reply in stream(requests(), context):
+                    yield reply
+
+            return handler._replace(request_deserializer=None, stream_stream=parsed_stream)
+        return handler
+
+
 def caller(context: Ctx) -> str:
-    """The OS user the CLI runs as (or, with mTLS, the certificate's name: see the shell)."""
+    """Who makes this call. With mTLS: the client certificate's CN, whatever the metadata claims (a node's
+    certificate, CN node:<id>, acts as no user); without: the OS user the CLI sends in the metadata."""
+    name = tls.peer_name(context)
+    if name is not None:
+        if tls.node_of(name) is not None:
+            raise RequestError(ErrorCode.PERMISSION_DENIED,
+                               f"the certificate {name[:128]} is a node's; it cannot act as a user")
+        return name[:64]
     for key, value in context.invocation_metadata() or ():
         if key == USER_KEY and isinstance(value, str) and value:
             return value[:64]
@@ -178,9 +246,13 @@ class AMService(pbg.ApplicationMasterServicer):
         self.shell = shell
 
     def _authenticate(self, context: Ctx, job_id: str, am_attempt: int) -> None:
+        name = tls.peer_name(context)
+        if name is not None and tls.node_of(name) is None:
+            raise RequestError(ErrorCode.PERMISSION_DENIED,
+                               f"AMs present their node's certificate (CN node:<node_id>), not {name[:128]}")
         if not check_am_token(self.shell.key, job_id, am_attempt, _metadata(context, AM_TOKEN_KEY)):
             raise RequestError(ErrorCode.PERMISSION_DENIED,
-                               f"not the AM of {job_id} attempt {am_attempt}: missing or wrong AM token")
+                               f"not the AM of {job_id[:128]} attempt {am_attempt}: missing or wrong AM token")
 
     @rpc
     async def RegisterApplicationMaster(self, request: pb.RegisterAMRequest, context: Ctx
@@ -235,6 +307,48 @@ class AMService(pbg.ApplicationMasterServicer):
         return pb.FinishAMResponse(accepted=True)
 
 
+MAX_NODE_GPUS = 1024
+MAX_NAME = 253   # a host name (DNS allows no longer); racks, IB domains and versions too
+
+
+def registration_problems(msg: pb.RegisterNodeRequest) -> list[str]:
+    """What is wrong with an agent's registration, each naming its field; empty when the RM may take it."""
+    out = []
+    if not msg.node_id or len(msg.node_id) > 128:
+        out.append("node_id: required, at most 128 characters")
+    if not 0 < msg.agent_port < 65536:
+        out.append(f"agent_port: {msg.agent_port} is not a port")
+    for label in ("host", "rack", "ib_domain", "agent_version", "agent_instance"):
+        if len(getattr(msg, label)) > MAX_NAME:
+            out.append(f"{label}: at most {MAX_NAME} characters, got {len(getattr(msg, label))}")
+    if msg.cpus < 0:
+        out.append(f"cpus: must not be negative, got {msg.cpus}")
+    if msg.memory_mib < 0:
+        out.append(f"memory_mib: must not be negative, got {msg.memory_mib}")
+    indices = [g.index for g in msg.gpus]
+    if len(set(indices)) != len(indices) or any(i < 0 for i in indices) or len(indices) > MAX_NODE_GPUS:
+        out.append(f"gpus: indices must be distinct and non-negative, at most {MAX_NODE_GPUS} GPUs")
+    for g in msg.gpus[:MAX_NODE_GPUS]:
+        if g.memory_mib < 0:
+            out.append(f"gpus[{g.index}].memory_mib: must not be negative, got {g.memory_mib}")
+        if max(len(g.uuid), len(g.model), len(g.pci_bus_id), len(g.cpu_affinity)) > MAX_NAME:
+            out.append(f"gpus[{g.index}]: uuid, model, pci_bus_id and cpu_affinity are at most {MAX_NAME} "
+                       "characters")
+        if len(g.links) > MAX_NODE_GPUS:
+            out.append(f"gpus[{g.index}].links: at most {MAX_NODE_GPUS}")
+    return out
+
+
+def _check_node_cert(context: Ctx, node_id: str) -> None:
+    """With mTLS only an agent's certificate for this very node (CN node:<node_id>) may register it: the
+    registration reply carries the container-token key."""
+    name = tls.peer_name(context)
+    if name is not None and tls.node_of(name) != node_id:
+        raise RequestError(ErrorCode.PERMISSION_DENIED,
+                           f"node_id: a node registers with its own certificate (CN {tls.NODE_PREFIX}{node_id[:128]})"
+                           f", not {name[:128]}")
+
+
 class TrackerService(pbg.ResourceTrackerServicer):
     def __init__(self, shell: RMShell) -> None:
         self.shell = shell
@@ -242,13 +356,10 @@ class TrackerService(pbg.ResourceTrackerServicer):
     @rpc
     async def RegisterNode(self, request: pb.RegisterNodeRequest, context: Ctx
                            ) -> pb.RegisterNodeResponse:
-        if not request.node_id or len(request.node_id) > 128:
-            raise RequestError(ErrorCode.INVALID_ARGUMENT, "node_id: required, at most 128 characters")
-        if not 0 < request.agent_port < 65536:
-            raise RequestError(ErrorCode.INVALID_ARGUMENT, f"agent_port: {request.agent_port} is not a port")
-        indices = [g.index for g in request.gpus]
-        if len(set(indices)) != len(indices) or any(i < 0 for i in indices) or len(indices) > 1024:
-            raise RequestError(ErrorCode.INVALID_ARGUMENT, "gpus: indices must be distinct and non-negative")
+        problems = registration_problems(request)
+        if problems:
+            raise ConfigError(problems)
+        _check_node_cert(context, request.node_id)
         session = self.shell.new_session()
         with self.shell.mutation():
             stops = self.shell.core.register_node(convert.registration_from_pb(request), session, _now())
@@ -260,7 +371,8 @@ class TrackerService(pbg.ResourceTrackerServicer):
     async def Heartbeat(self, request_iterator: AsyncIterator[pb.NodeHeartbeat],
                         context: Ctx) -> AsyncIterator[pb.HeartbeatResponse]:
         out: asyncio.Queue[pb.HeartbeatResponse | None] = asyncio.Queue()
-        reader = asyncio.create_task(self._read_beats(request_iterator, out))
+        name = tls.peer_name(context)
+        reader = asyncio.create_task(self._read_beats(request_iterator, out, tls.node_of(name) if name else None))
         try:
             while True:
                 item = await out.get()
@@ -273,10 +385,15 @@ class TrackerService(pbg.ResourceTrackerServicer):
                 await reader
 
     async def _read_beats(self, beats: AsyncIterator[pb.NodeHeartbeat],
-                          out: asyncio.Queue[pb.HeartbeatResponse | None]) -> None:
+                          out: asyncio.Queue[pb.HeartbeatResponse | None], cert_node: str | None = None) -> None:
+        """`cert_node`: with mTLS, the node the client certificate names (None: plaintext, or not a node's)."""
         node_id = ""
         try:
             async for beat in beats:
+                if self.shell.config.tls is not None and beat.node_id != cert_node:
+                    log.warning("heartbeat stream for node %s refused: the client certificate is for %s",
+                                beat.node_id[:128], f"node {cert_node}" if cert_node else "no node")
+                    break
                 node_id = beat.node_id
                 try:
                     with self.shell.mutation():

@@ -9,7 +9,9 @@ level timing out, a back-off ending), preemption deadlines, and starvation check
 
 Speed: only the AMs that can act are driven. Grants, ends and preemption notices name their jobs; an AM still
 planning is woken only when enough GPUs may have come free for it (an index of planning AMs by size), and the
-planner answers most "does anything fit" questions from the view's aggregates alone.
+planner answers most "does anything fit" questions from the view's aggregates alone. The shared view is updated
+from the servers that changed, and waking skips AMs that are only waiting out a back-off with its timer armed.
+None of this changes what the RM or any AM decides: the same inputs give the same results as driving every AM.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from gpurm.am.placement import ServerView, View
 from gpurm.queues.tree import Policy, QueueTree
 from gpurm.rm import priority
 from gpurm.rm.cluster import GpuRecord
-from gpurm.rm.core import AttemptUpdate, ContainerReport, LaunchAM, NodeRegistration, RMCore, RMSettings
-from gpurm.rm.jobspec import JobSpec
+from gpurm.rm.core import AttemptUpdate, ContainerReport, LaunchAM, NodeRegistration, RequestError, RMCore, RMSettings
+from gpurm.rm.jobspec import JobSpec, Locality
 from gpurm.rm.model import Container, ContainerKind, ExitKind, JobState
 from gpurm.rm.scheduler import Ask
 from gpurm.sim.clusterspec import SimServer
@@ -43,7 +45,11 @@ log = logging.getLogger(__name__)
 # Event kinds, in the order they are handled when simultaneous.
 FINISH, FAIL, ARRIVE, TIMER, CHECK = range(5)
 SETTLE_LIMIT = 10000           # rounds of driving AMs after one event (a bug guard: real settles take a few)
-WAKE_SCAN = 256                # idle AMs looked at per queue when GPUs come free
+WAKE_SCAN = 256
+# The virtual clock the cores see starts here, not at 0: the RM's records use 0.0 for "never" (a learner that
+# started at 0.0 would look unstarted), as real clocks never read 0. Everything reported is counted from the
+# trace's first submission again. A power of two, so adding it keeps the trace's times exact.
+ORIGIN = float(2**20)                # idle AMs looked at per queue when GPUs come free
 
 
 @dataclass
@@ -54,6 +60,7 @@ class SimOptions:
     max_acquiring_per_queue: int = 10**9   # the RM's AM admission cap per queue (off by default: see docs/sim.md)
     max_retries: int = 3
     inqueue_min_run_s: float = 60.0
+    locality: Locality = field(default_factory=Locality)   # every job's locality settings (the RM's defaults)
 
 
 @dataclass
@@ -123,11 +130,17 @@ class Engine:
         # Per leaf queue, in the queue's policy order: (rank, GPUs, job id). See wake_planners.
         self.idle: dict[str, SortedList] = {}
         self.idle_key: dict[str, tuple[str, tuple[object, ...]]] = {}
+        # The same, less the dormant AMs: backing off with a timer armed for the back-off's end. Waking passes over
+        # them (nothing to catch up, nothing to arm), so while a queue's list is within WAKE_SCAN the pass reads
+        # this one instead: the same AMs, in the same order, that would act.
+        self.idle_active: dict[str, SortedList] = {}
+        self.dormant: dict[str, None] = {}
         # Servers each acquiring AM (holding nothing) waits on: a grant there may have taken them from it.
         self.asked_on: dict[str, dict[str, None]] = {}
         self.asking_nodes: dict[str, tuple[str, ...]] = {}
         self.beneficiary: dict[str, str] = {}     # in-queue preemption victim -> the job it makes room for
         self.results: list[JobResult] = []
+        self.rejected: list[str] = []
         self.timeline = Timeline(times=[], allocated=[], per_queue={q.path: [] for q in tree.leaves})
         self._last_used: tuple[int, ...] | None = None
         self._view: View | None = None
@@ -149,7 +162,7 @@ class Engine:
     def run(self, progress: Callable[[float, int, int], None] | None = None) -> SimResult:
         t0 = time.perf_counter()
         for job in self.trace.jobs:
-            self.push(job.submit_s, ARRIVE, job)
+            self.push(job.submit_s + ORIGIN, ARRIVE, job)
         done_before = 0
         last_report = t0
         while self.events:
@@ -167,7 +180,7 @@ class Engine:
                 last_report = time.perf_counter()
                 if len(self.results) != done_before:
                     done_before = len(self.results)
-                progress(now, len(self.results), len(self.trace.jobs))
+                progress(now - ORIGIN, len(self.results), len(self.trace.jobs))
         self.finish_unfinished()
         wall = time.perf_counter() - t0
         return SimResult(self.results, self.timeline, self.capacity, wall, self.n_events, self.n_settles,
@@ -190,6 +203,7 @@ class Engine:
             if am is None or am.done or am.wake_at != at:
                 return False
             am.wake_at = None
+            self.sync_dormant(am)
             if am.master.idle and self.view().total_free < am.trace.gpus:
                 return False                      # nothing fits any more: back to waiting for a release
             self.dirty[job_id] = None
@@ -204,16 +218,27 @@ class Engine:
 
     def arrive(self, tj: TraceJob, now: float) -> None:
         spec = JobSpec(gpus=tj.gpus, command=["sim"], name=tj.name or tj.job_id, queue=tj.queue,
-                       max_retries=self.options.max_retries)
-        job = self.core.submit(spec, tj.user or "sim", now, submit_id=tj.job_id)
+                       max_retries=self.options.max_retries, locality=self.options.locality)
+        try:
+            # ACLs are not checked: a trace's users are not this cluster's users.
+            job = self.core.submit(spec, tj.user or "sim", now, submit_id=tj.job_id, check_acl=False)
+        except RequestError as exc:
+            # The queue config refuses it (a size above a queue's max_gpus ...): the RM would answer the submit
+            # with this error, so the job never runs.
+            log.debug("job %s rejected: %s", tj.job_id, exc)
+            self.rejected.append(tj.job_id)
+            self.results.append(JobResult(tj.job_id, tj.queue, tj.gpus, tj.submit_s, None, None, tj.duration_s,
+                                          0, 0, 0, 0, 0, 0.0, "REJECTED"))
+            return
         job.expected_gpu_s = tj.duration_s * tj.gpus
         self.by_trace[job.job_id] = tj.job_id
         self._pending_trace[job.job_id] = tj
 
     def start_ams(self, now: float) -> None:
-        for effect in self.core.take_outbox():
-            if not isinstance(effect, LaunchAM):
-                continue
+        outbox = self.core.take_outbox()
+        if not outbox:
+            return
+        for effect in [e for e in outbox if type(e) is LaunchAM]:
             tj = self._pending_trace.pop(effect.job_id)
             self.report(effect.node_id, [ContainerReport(effect.container_id, "RUNNING", pid=1)], now)
             job, _ = self.core.register_am(effect.job_id, effect.am_attempt, now)
@@ -229,11 +254,19 @@ class Engine:
     def view(self) -> View:
         cluster = self.core.cluster
         if self._view is None or cluster.version != self._view_version:
-            for node_id in cluster.take_changed():
+            changed = []
+            added = False
+            for node_id in sorted(cluster.take_changed()):
                 n = cluster.nodes[node_id]
-                self._server_views[node_id] = ServerView(node_id, n.rack, n.healthy_gpus, tuple(n.free_indices()),
-                                                         tuple(tuple(i) for i in n.islands), n.ib_domain)
-            self._view = View(self._server_views[k] for k in sorted(self._server_views))
+                added = added or node_id not in self._server_views
+                sv = ServerView(node_id, n.rack, n.healthy_gpus, tuple(n.free_indices()),
+                                tuple(tuple(i) for i in n.islands), n.ib_domain)
+                self._server_views[node_id] = sv
+                changed.append(sv)
+            if self._view is None or added:
+                self._view = View(self._server_views[k] for k in sorted(self._server_views))
+            else:
+                self._view = self._view.updated(changed)    # the same View, built from the changes alone
             self._view_version = cluster.version
         return self._view
 
@@ -244,15 +277,7 @@ class Engine:
         self.start_ams(now)
         for _ in range(SETTLE_LIMIT):
             self.wake_planners(now)
-            grants = self.core.schedule(now)
-            for grant in grants:
-                self.dirty[grant.job_id] = None
-            if grants:
-                view = self.view()
-                for node_id in {g.node_id: None for g in grants}:
-                    for job_id in self.asked_on.get(node_id, ()):
-                        if job_id not in self.dirty and self.ams[job_id].master.plan_taken_in(view):
-                            self.dirty[job_id] = None   # the grant took GPUs from under its plan: let it look
+            self.run_pass(now)
             if not self.dirty:
                 break
             batch, self.dirty = list(self.dirty), {}
@@ -266,6 +291,23 @@ class Engine:
             raise RuntimeError(f"the simulation did not settle at t={now}: {len(self.dirty)} AMs still moving")
         self.record_usage(now)
         self.schedule_check(now)
+
+    def run_pass(self, now: float) -> None:
+        """The RM's scheduling pass; AMs granted something, or whose plan a grant took, get driven."""
+        grants = self.core.schedule(now)
+        for grant in grants:
+            self.dirty[grant.job_id] = None
+        if grants:
+            view = self.view()
+            for node_id in {g.node_id: None for g in grants}:
+                for job_id in self.asked_on.get(node_id, ()):
+                    master = self.ams[job_id].master
+                    if job_id not in self.dirty and master.plan_taken_in(view):
+                        # The grant took GPUs from under its plan. Every grant of earlier passes has reached its
+                        # AM already, so this pass was the RM's answer to its asks: nothing. That is what its
+                        # next allocate reply would say; tell it so now and let it look (one drive, not two).
+                        master.on_reply()
+                        self.dirty[job_id] = None
 
     def wake_planners(self, now: float) -> None:
         """After GPUs came free, wake idle AMs that might now fit, in the order the RM serves them (neediest queue
@@ -291,48 +333,78 @@ class Engine:
         budget = 2 * free
         woken = 0
         for queue in sorted((q for q, members in self.idle.items() if members), key=neediness):
-            scanned = 0
-            for entry in list(self.idle[queue]):
+            # Nothing below changes the idle index, so it is read in place (the first WAKE_SCAN entries). The loop
+            # changes which AMs are dormant, so it reads a copy when it reads the list of active ones.
+            members = self.idle[queue]
+            entries = list(self.idle_active[queue]) if len(members) <= WAKE_SCAN else members.islice(0, WAKE_SCAN)
+            for entry in entries:
                 gpus, job_id = entry[1], entry[2]
-                scanned += 1
-                if scanned > WAKE_SCAN:
-                    break
                 if gpus > free:
                     continue
                 am = self.ams[job_id]
-                am.master.catch_up(now)
-                if am.master.phase is Phase.PLANNING and not view.cannot_fit(gpus, am.master.level):
+                m = am.master
+                # A timer already armed for its next deadline, still ahead: catching up and arming are no-ops.
+                armed = am.wake_at is not None and am.wake_at > now and m.next_deadline() == am.wake_at
+                if not armed:
+                    m.catch_up(now)
+                if m.phase is Phase.PLANNING and not view.cannot_fit(gpus, m.level):
                     self.dirty[job_id] = None
                     woken += gpus
                     if woken >= budget:
                         return
-                else:
+                elif not armed:
                     self.arm_timer(am, now)      # it fits somewhere now: its timers (relaxing) can lead there
+                    self.sync_dormant(am)
 
     def set_idle(self, am: SimAM, now: float, idle: bool) -> None:
         old = self.idle_key.pop(am.job_id, None)
         if old is not None:
             self.idle[old[0]].discard(old[1])
+            if am.job_id in self.dormant:
+                del self.dormant[am.job_id]
+            else:
+                self.idle_active[old[0]].discard(old[1])
         if idle:
             job = self.core.jobs[am.job_id]
             leaf = self.core.queues.tree.by_path[job.queue]
             rank = priority.rank(self.core.scheduler.policy_of(leaf), now)(self.core.standing(job, now))
             key = (rank, am.trace.gpus, am.job_id)
             self.idle.setdefault(job.queue, SortedList()).add(key)
+            self.idle_active.setdefault(job.queue, SortedList()).add(key)
             self.idle_key[am.job_id] = (job.queue, key)
+            self.sync_dormant(am)
+
+    def sync_dormant(self, am: SimAM) -> None:
+        """Keep an idle AM's place among the dormant ones (see idle_active) up to date after its timer or state
+        changed."""
+        entry = self.idle_key.get(am.job_id)
+        if entry is None:
+            return
+        m = am.master
+        dormant = am.wake_at is not None and m.phase is Phase.BACKOFF and m.backoff_until == am.wake_at
+        if dormant != (am.job_id in self.dormant):
+            if dormant:
+                self.dormant[am.job_id] = None
+                self.idle_active[entry[0]].discard(entry[1])
+            else:
+                del self.dormant[am.job_id]
+                self.idle_active[entry[0]].add(entry[1])
 
     def drive(self, am: SimAM, now: float) -> None:
         m = am.master
-        self.set_idle(am, now, False)
+        if am.job_id in self.idle_key:
+            self.set_idle(am, now, False)
         m.catch_up(now)
         m.on_view(self.view(), now)              # the current view, and a step
         planned = m.asks()
         asks = [Ask(gpus=g, node_id=n, preferred=idx) for n, g, idx in planned]
         self.track_asks(am.job_id, tuple(n for n, _, _ in planned) if not m.held else ())
-        reports = [_update(a) for a in m.take_reports(None)]
+        reports = [_update(a) for a in m.take_reports(None)] if m.dirty else []
         r = self.core.allocate(am.job_id, am.am_attempt, am.response_id, asks, m.take_releases(), reports, now,
                                schedule=False)
         am.response_id = r.response_id
+        if asks:
+            self.run_pass(now)       # an RM under light load answers asks at once: later AMs see the grants
         for g in r.grants:
             node = self.core.cluster.nodes[g.node_id]
             m.on_grant(Held(g.container_id, g.node_id, node.rack, node.host, 1, tuple(g.gpu_indices),
@@ -355,9 +427,12 @@ class Engine:
             if self.view().total_free < am.trace.gpus:
                 return                            # nothing can fit until GPUs come free: wake_planners will call
         self.arm_timer(am, now)
+        self.sync_dormant(am)
 
     def track_asks(self, job_id: str, nodes: tuple[str, ...]) -> None:
         old = self.asking_nodes.pop(job_id, ())
+        if not old and not nodes:
+            return
         for n in old:
             waiting = self.asked_on.get(n)
             if waiting is not None:
@@ -505,7 +580,8 @@ class Engine:
         view = self.view()
         return JobResult(
             job_id=am.trace.job_id, queue=am.trace.queue, gpus=am.trace.gpus, submit_s=am.trace.submit_s,
-            start_s=am.first_start, finish_s=now, duration_s=am.trace.duration_s, attempts=len(attempts),
+            start_s=None if am.first_start is None else am.first_start - ORIGIN,
+            finish_s=None if now is None else now - ORIGIN, duration_s=am.trace.duration_s, attempts=len(attempts),
             preemptions=preemptions, retries=max(0, retries),
             servers=len(last.learners) if last is not None and last.learners else 0,
             fewest_servers=view.fewest_servers(am.trace.gpus), gpu_seconds_served=job.attained_gpu_s,
@@ -529,7 +605,7 @@ class Engine:
         if snapshot == self._last_used:
             return
         self._last_used = snapshot
-        self.timeline.times.append(now)
+        self.timeline.times.append(now - ORIGIN)
         self.timeline.allocated.append(sum(snapshot))
         for q, v in zip(leaves, snapshot, strict=True):
             self.timeline.per_queue[q].append(v)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-STATES = ("SUCCEEDED", "FAILED", "KILLED", "UNFINISHED")
+STATES = ("SUCCEEDED", "FAILED", "KILLED", "REJECTED", "UNFINISHED")
 SIZE_CLASSES = ("1", "2-4", "5-8", ">8")
 SUMMARY_FILE = "summary.json"
 JOBS_FILE = "jobs.csv"
@@ -228,7 +228,7 @@ def summarize(results: list[JobResult], timeline: Timeline, capacity_gpus: int, 
     summary: dict[str, object] = {
         "jobs": len(results),
         "finished": len(done),
-        "unfinished": len(results) - len(done),
+        "unfinished": sum(1 for r in results if r.state == "UNFINISHED"),
         "states": states,
         "gpus": capacity_gpus,
         "load_factor": load_factor,

@@ -25,7 +25,9 @@ import yaml
 
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
+from gpurm.rm import tls
 from gpurm.rm.service import USER_KEY
+from gpurm.rm.tls import TLSConfig
 from gpurm.rm.tokens import TokenKey, load_or_create_key, sign_container
 from tests.conftest import free_port
 from tests.integration.harness import ROOT, alive, processes_with_env
@@ -57,19 +59,39 @@ def wait_gone(pids: Iterable[int], timeout: float = WAIT) -> None:
 
 
 def kill_group(pid: int) -> None:
-    """SIGKILL a container's process group (a container leads its own session: its pgid is its pid)."""
+    """SIGKILL a container's process group (its launcher leads the container's own session and group)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, signal.SIGKILL)
+        pgid = os.getpgid(pid)
+        if pgid not in (os.getpgid(0), 0, 1):
+            os.killpg(pgid, signal.SIGKILL)
         else:
             os.kill(pid, signal.SIGKILL)
+
+
+def remove_cgroups(state_dir: Path) -> None:
+    """rmdir the cgroups of the containers an agent left behind (once their processes are gone)."""
+    for record in state_dir.glob("containers/*/record.json"):
+        with contextlib.suppress(OSError, ValueError):
+            path = json.loads(record.read_text()).get("cgroup")
+            if path:
+                for _ in range(50):  # the killed processes leave the cgroup a moment after the signal
+                    try:
+                        Path(path).rmdir()
+                        break
+                    except FileNotFoundError:
+                        break
+                    except OSError:
+                        time.sleep(0.02)
+                with contextlib.suppress(OSError):
+                    Path(path).parent.rmdir()   # the agent's own level, once its last container's is gone
 
 
 class RMProcess:
     """`python -m gpurm.cli.main rm --config FILE` on a free loopback port; `restart()` keeps port and state."""
 
     def __init__(self, workdir: Path, mqtt_url: str, *, heartbeat: str = "30s", missed_beats: int = 10,
-                 **settings: Any) -> None:
+                 client_tls: TLSConfig | None = None, **settings: Any) -> None:
+        """`settings`: more rm.yaml keys (e.g. tls); `client_tls`: the certificate the test's own calls use."""
         self.workdir = workdir
         self.state_dir = workdir / "rm-state"
         self.port = free_port()
@@ -81,7 +103,8 @@ class RMProcess:
             "admins": [USER], "heartbeat": {"interval": heartbeat, "missed_beats": missed_beats}, **settings}))
         self.log_path = workdir / "rm.log"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.channel = grpc.insecure_channel(self.address)
+        self.client_tls = client_tls
+        self.channel = tls.channel(self.address, client_tls)
         self.client = pbg.ClientStub(self.channel)
         self.admin = pbg.AdminStub(self.channel)
         self.metadata = ((USER_KEY, USER),)
@@ -216,7 +239,9 @@ class AgentProcess:
     """`python -m gpurm.nodeagent --config FILE` with fake GPUs, pointing at a real RM."""
 
     def __init__(self, workdir: Path, rm: RMProcess, node_id: str, *, gpus: dict[str, Any] | None = None,
-                 containers: dict[str, Any] | None = None, rack: str = "rack-1", ib_domain: str = "ib-1") -> None:
+                 containers: dict[str, Any] | None = None, rack: str = "rack-1", ib_domain: str = "ib-1",
+                 **settings: Any) -> None:
+        """`settings`: more agent.yaml keys (e.g. tls); the test's own calls to it use `rm.client_tls`."""
         self.workdir = workdir
         self.rm = rm
         self.node_id = node_id
@@ -226,7 +251,7 @@ class AgentProcess:
         self.config.write_text(yaml.safe_dump({
             "node_id": node_id, "listen": "127.0.0.1:0", "rm": rm.address, "rack": rack, "ib_domain": ib_domain,
             "cpus": 8, "memory_mib": 64000, "state_dir": str(self.state), "gpus": gpus or {"fake": 2},
-            "containers": {"stop_grace": "2s", **(containers or {})}}))
+            "containers": {"stop_grace": "2s", **(containers or {})}, **settings}))
         self.log_path = workdir / "agent.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
@@ -250,7 +275,7 @@ class AgentProcess:
 
         info = poll(serving, timeout, lambda: f"agent {self.node_id} did not write agent.json:\n{self.log_text()}")
         self.port = int(info["port"])
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        self.channel = tls.channel(f"127.0.0.1:{self.port}", self.rm.client_tls)
         return self.rm.wait_node(self.node_id, timeout=timeout, check=lambda n: n.agent_port == self.port)
 
     @property
@@ -298,6 +323,7 @@ class AgentProcess:
                 self.proc.wait()
         for pid in self.processes():
             kill_group(pid)
+        remove_cgroups(self.state)
         self.rm.drain(self.node_id)
 
     def log_text(self) -> str:

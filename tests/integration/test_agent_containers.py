@@ -87,7 +87,8 @@ async def test_exit_code_and_output_in_log(sup: ContainerSupervisor, tmp_path: P
     assert changes == [("c-exit", pb.CONTAINER_RUNNING), ("c-exit", pb.CONTAINER_EXITED)]
     on_disk = json.loads((sup.containers_dir / "c-exit" / "record.json").read_text())
     assert on_disk["state"] == "CONTAINER_EXITED" and on_disk["exit_code"] == 3
-    assert on_disk["pid"] == on_disk["pgid"] == rec.pid
+    # The command runs under its launcher, which leads the container's session and group.
+    assert on_disk["pid"] == rec.pid and on_disk["pgid"] == on_disk["shim_pid"] != rec.pid
     status = rec.to_proto()
     assert (status.node_id, status.job_id, list(status.gpu_indices)) == ("node-a", "job-1", [])
 

@@ -81,7 +81,10 @@ def test_keep_on_shutdown_leaves_containers_running(rm: RMProcess, tmp_path: Pat
         assert agent.terminate() == 0
         assert [p for p in running if not alive(p)] == []
         record = json.loads((agent.state / "containers" / learner.container_id / "record.json").read_text())
-        assert record["state"] == "CONTAINER_RUNNING" and record["pgid"] == learner.pid  # for a later adoption
+        # What a later agent process needs to adopt it: the command, and its launcher (session leader, with
+        # its start time against pid reuse).
+        assert record["state"] == "CONTAINER_RUNNING" and record["pid"] == learner.pid
+        assert record["pgid"] == record["shim_pid"] > 0 and record["shim_start"] > 0
         # Nothing was reported as ended: the RM still counts the job as running on its GPU.
         job = rm.job(job_id)
         assert job.state == pb.JOB_RUNNING and job.attempts[-1].learners[0].state == pb.CONTAINER_RUNNING

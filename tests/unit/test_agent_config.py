@@ -112,10 +112,34 @@ def test_missing_gpus_is_one_clear_line() -> None:
     assert "gpus.fake" in info.value.problems[0]
 
 
-def test_nvml_is_reserved() -> None:
+def test_nvml_config() -> None:
+    cfg = load_agent_config(None, {"gpus": {"nvml": True}}, environ={})
+    assert cfg.gpus.nvml and cfg.gpus.fake is None
     with pytest.raises(ConfigError) as info:
-        load_agent_config(None, {"gpus": {"nvml": True}}, environ={})
-    assert info.value.problems == ["gpus.nvml: NVML discovery is not available yet; use gpus.fake"]
+        load_agent_config(None, {"gpus": {"nvml": True, "fake": 2, "fail_gpus": [0]}}, environ={})
+    assert info.value.problems == ["gpus.fake: set only one of gpus.fake and gpus.nvml",
+                                   "gpus.fail_gpus: only the fake provider (gpus.fake) injects faults"]
+
+
+def test_health_and_telemetry_config(tmp_path: Path) -> None:
+    cfg = load_agent_config(None, FAKE2, environ={})
+    assert (cfg.health.gpu_interval_s, cfg.health.script, cfg.telemetry.interval_s) == (5.0, None, 5.0)
+    script = tmp_path / "check.sh"
+    script.write_text("#!/bin/sh\necho ok\n")
+    with pytest.raises(ConfigError) as info:
+        load_agent_config(None, {**FAKE2, "health": {"script": str(script), "interval": "0s"},
+                                 "telemetry": {"interval": "soon"}}, environ={})
+    assert [p.split(":")[0] for p in info.value.problems] == ["health.interval", "health.script",
+                                                               "telemetry.interval"]
+    script.chmod(0o755)
+    cfg = load_agent_config(None, {"gpus": {"fake": 4, "fail_gpus": [3]},
+                                   "health": {"script": str(script), "interval": "2s", "timeout": "1s"},
+                                   "telemetry": {"interval": 0}}, environ={})
+    assert cfg.gpus.fail_gpus == (3,)
+    assert (cfg.health.script, cfg.health.interval_s, cfg.health.timeout_s) == (script, 2.0, 1.0)
+    assert cfg.telemetry.interval_s == 0
+    with pytest.raises(ConfigError, match=r"gpus.fail_gpus: indices \[4\] are not GPUs"):
+        load_agent_config(None, {"gpus": {"fake": 4, "fail_gpus": [4]}}, environ={})
 
 
 def test_bad_yaml_and_missing_file(tmp_path: Path) -> None:

@@ -326,3 +326,18 @@ def test_a_running_gang_is_left_to_preemption() -> None:
     rig.core.jobs[big].state = rig.core.jobs[big].state.__class__.RUNNING
     rig.job("b", 16)
     assert rig.core.revoke_hoarded(rig.now) == []
+
+
+def test_a_gang_the_am_has_launched_is_not_revoked_before_the_agent_reports_it() -> None:
+    # The AM holds its whole gang and launched it; the agents have not reported the learners running yet. That
+    # gang hoards nothing: taking a grant back now would fail an attempt for no reason.
+    from gpurm.rm.core import AttemptUpdate
+    from gpurm.rm.model import JobState, Learner
+
+    rig = Rig(TWO)
+    big = rig.job("a", 24)
+    r = rig.core.allocate(big, 1, 0, [Ask(gpus=8, node_id=f"n{i}") for i in range(3)], [], [], rig.now)
+    learners = [Learner(rank, g.node_id, list(g.gpu_indices), g.container_id) for rank, g in enumerate(r.grants)]
+    rig.core.allocate(big, 1, 1, [], [], [AttemptUpdate(1, JobState.ALLOCATING, learners)], rig.now)
+    rig.job("b", 16)
+    assert rig.core.revoke_hoarded(rig.now) == []

@@ -248,3 +248,29 @@ def test_an_end_reported_before_the_am_returns_after_a_restart_is_delivered() ->
     again.register_node(reg("n1", containers=[exited(g.container_id, 7), running(f"{job}-am1")]), "s1b", 10.5)
     r = again.allocate(job, 1, 2, [], [], [], 11.0)
     assert [(c.container_id, c.exit.exit_code) for c in r.completed] == [(g.container_id, 7)]
+
+
+def test_an_unreachable_agent_gets_no_am_and_costs_the_job_nothing() -> None:
+    core = cluster(2)
+    job = core.submit(JobSpec(gpus=1, command=["x"]), "alice", 1.0)
+    (first,) = launched(core)
+    core.am_launch_failed(first.container_id, "agent unreachable: UNAVAILABLE", 1.1, agent_unreachable=True)
+    (second,) = launched(core)
+    assert second.node_id != first.node_id                 # not the unreachable node again
+    core.am_launch_failed(second.container_id, "agent unreachable: UNAVAILABLE", 1.2, agent_unreachable=True)
+    assert not launched(core)                              # both unreachable: the job waits
+    j = core.jobs[job.job_id]
+    assert j.state is JobState.QUEUED and j.am_launch_failures == 0
+    core.node_heartbeat(first.node_id, "s" + first.node_id[1:], [], 5.0)
+    assert not launched(core)                              # heard from too soon after: still held
+    core.node_heartbeat(first.node_id, "s" + first.node_id[1:], [], 15.0)
+    (third,) = launched(core)
+    assert third.node_id == first.node_id
+    # A refusal that is not about reachability counts, and fails the job at the cap.
+    attempt = third
+    for t in range(5):
+        core.am_launch_failed(attempt.container_id, "token refused", 16.0 + t)
+        if j.state is JobState.FAILED:
+            break
+        (attempt,) = launched(core)
+    assert j.state is JobState.FAILED and "could not start the AM" in j.diagnostics

@@ -61,7 +61,7 @@ def test_summary_by_hand() -> None:
     results, timeline = hand_built()
     s = summarize(results, timeline, CAPACITY, load_factor=0.75, wall_s=1.5, extra={"policy": "fifo"})
     assert (s["jobs"], s["finished"], s["unfinished"], s["gpus"]) == (5, 4, 1, CAPACITY)
-    assert s["states"] == {"SUCCEEDED": 3, "FAILED": 1, "KILLED": 0, "UNFINISHED": 1}
+    assert s["states"] == {"SUCCEEDED": 3, "FAILED": 1, "KILLED": 0, "REJECTED": 0, "UNFINISHED": 1}
     assert s["makespan_s"] == 400
     # JCTs of finished jobs: A 100, C 200, B 300, E 390 (nearest rank: p50 = 2nd of 4, p99 = 4th of 4).
     assert (s["avg_jct_s"], s["p50_jct_s"], s["p99_jct_s"]) == (247.5, 200, 390)

@@ -1,0 +1,129 @@
+"""`gpurm sim`: replay a trace through the real scheduler code on a virtual clock (see docs/sim.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from gpurm.cli.client import CliError
+from gpurm.cli.output import print_json, table
+from gpurm.queues.fields import format_duration
+from gpurm.queues.tree import Policy
+from gpurm.sim.metrics import SIZE_CLASSES
+from gpurm.sim.run import SimInputError, SimRequest, run
+from gpurm.sim.trace import FORMATS, TraceError, split_window
+
+EXAMPLE = ("  gpurm sim --trace jobs-2017-10-02_to_10-15.csv --format philly-csv --cluster 8x8x8 --out /tmp/sim-fifo\n"
+           "  gpurm sim --trace jobs.csv --format philly-csv --cluster 8x8x8 --policy las --queues configs/queues.yaml"
+           " \\\n      --window 2017-10-03,2017-10-05 --failures 0.5 --seed 7 --out /tmp/sim-las -o json")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", required=True, metavar="FILE", help="the workload (a .gz file is read through gzip)")
+    p.add_argument("--format", required=True, choices=FORMATS, help="the trace's format (see docs/sim.md)")
+    p.add_argument("--cluster", required=True, metavar="SPEC",
+                   help="RxNxG (R racks x N servers x G GPUs, e.g. 8x8x8) or a Philly cluster_machine_list file")
+    p.add_argument("--queues", metavar="FILE", help="queue config (docs/queues.md); default: every queue of the "
+                                                    "trace with weight 1 under root")
+    p.add_argument("--policy", choices=[p.value for p in Policy],
+                   help="every leaf's policy: fifo, las (Tiresias 2D-LAS, preempting inside a queue) or srtf (the "
+                        "oracle: shortest remaining GPU-time first); default: the queue config's, else fifo")
+    p.add_argument("--window", metavar="START,END", help="only jobs submitted in [START, END): dates "
+                   "(2017-10-03 or '2017-10-03 12:00') for traces with dates, or offsets from the first submission "
+                   "(0,2d or 6h,); either side may be empty")
+    p.add_argument("--failures", type=float, default=0.0, metavar="RATE",
+                   help="inject infrastructure failures: RATE per 1000 learner GPU-hours (Poisson); default 0")
+    p.add_argument("--seed", type=int, default=0, help="random seed (back-off jitter, failures); default 0")
+    p.add_argument("--out", required=True, metavar="DIR", help="where summary.json, jobs.csv and the plots go")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots (faster)")
+    p.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                   help="table for people (default), json (the summary) for scripts")
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    try:
+        window = split_window(args.window) if args.window else None
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    req = SimRequest(trace=Path(args.trace), fmt=args.format, cluster=args.cluster, out=Path(args.out),
+                     queues=Path(args.queues) if args.queues else None,
+                     policy=Policy(args.policy) if args.policy else None, window=window,
+                     failures_per_1000_gpu_h=args.failures, seed=args.seed, plots=not args.no_plots)
+    progress = _Progress()
+    try:
+        outcome = run(req, progress)
+    except (SimInputError, TraceError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+    progress.done()
+    if args.output == "json":
+        print_json(outcome.summary)
+        return 0
+    _print_summary(outcome.summary)
+    print(f"\nwrote {', '.join(p.name for p in outcome.files)} to {req.out}")
+    return 0
+
+
+class _Progress:
+    """One line on stderr: simulated time, jobs finished, wall time (rewritten in place on a terminal)."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+        self.shown = False
+
+    def __call__(self, sim_now: float, finished: int, total: int) -> None:
+        wall = time.monotonic() - self.start
+        if not self.tty and wall - self.last < 5.0:
+            return
+        self.last = wall
+        line = (f"simulating: {finished}/{total} jobs done ({100 * finished / max(total, 1):.0f}%), "
+                f"simulated {format_duration(sim_now)}, {wall:.0f}s")
+        sys.stderr.write(f"\r{line}\033[K" if self.tty else line + "\n")
+        sys.stderr.flush()
+        self.shown = True
+
+    def done(self) -> None:
+        if self.shown and self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def _num(value: object, unit: str = "s") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and unit == "s":
+        return format_duration(value)
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def _print_summary(s: dict[str, object]) -> None:
+    rows: list[list[object]] = [
+        ["jobs", f"{s['jobs']} ({s['finished']} finished)"],
+        ["GPUs", s["gpus"]],
+        ["load factor", _num(s["load_factor"], "")],
+        ["makespan", _num(s["makespan_s"])],
+        ["JCT avg / p50 / p99", " / ".join(_num(s[k]) for k in ("avg_jct_s", "p50_jct_s", "p99_jct_s"))],
+        ["queueing avg / p99", " / ".join(_num(s[k]) for k in ("avg_queue_s", "p99_queue_s"))],
+        ["GPU utilization", _num(s["gpu_utilization"], "")],
+        ["locality", _num(s["locality"], "")],
+        ["preemptions / retries", f"{s['preemptions']} / {s['retries']}"],
+        ["wall time", f"{s['wall_s']:.1f}s"],
+    ]
+    table(["FIGURE", "VALUE"], rows)
+    by_size = s["queue_by_size"]
+    assert isinstance(by_size, dict)
+    print()
+    table(["JOB SIZE (GPUs)", *SIZE_CLASSES], [["avg queueing", *(_num(by_size[c]) for c in SIZE_CLASSES)]])
+    per_queue = s["per_queue"]
+    assert isinstance(per_queue, dict)
+    print()
+    qrows: list[list[object]] = []
+    for name, q in sorted(per_queue.items(), key=lambda kv: -float(kv[1]["gpu_time_share"])):
+        qrows.append([name, q["jobs"], _num(q["avg_jct_s"]), _num(q["avg_queue_s"]), q["preemptions"],
+                      f"{100 * q['gpu_time_share']:.1f}%"])
+    table(["QUEUE", "JOBS", "AVG JCT", "AVG QUEUEING", "PREEMPTED", "GPU-TIME SHARE"], qrows)

@@ -1,0 +1,233 @@
+"""The agent's health and telemetry loops (the shell around `health.py` and `telemetry.py`).
+
+- GPU health, every `health.gpu_interval`: the provider's observations (XID events, lost GPUs, ECC) go through
+  `GpuHealthBook`; a GPU that turns unhealthy is marked on the shared `GpuDevice` (the ContainerManager then
+  refuses to start anything on it), every container using it is stopped and reported as an infrastructure
+  failure with a diagnostic naming the GPU, and the next heartbeat (sent at once) tells the RM, which stops
+  offering it.
+- The admin health script, every `health.interval` (when `health.script` is set): see `health.py` for what its
+  output means; a changed verdict goes to the RM at once (node UNHEALTHY: offered nothing).
+- Telemetry, every `telemetry.interval`: published on `gpurm/telemetry/<node_id>` (retained JSON) and
+  summarised per container into the next heartbeat (`ContainerUsage`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpurm.nodeagent.config import AgentConfig
+from gpurm.nodeagent.containers import ContainerSupervisor
+from gpurm.nodeagent.gpus import GpuDevice, GpuProvider
+from gpurm.nodeagent.health import (
+    GpuHealthBook,
+    HealthChange,
+    NodeHealth,
+    ScriptOutcome,
+    ScriptResult,
+    describe_xid,
+    interpret_script,
+)
+from gpurm.nodeagent.telemetry import node_payload, summarise
+from gpurm.proto import gpurm_pb2 as pb
+from gpurm.rm.mqtt import TOPIC_TELEMETRY, Publisher
+
+log = logging.getLogger(__name__)
+
+MAX_SCRIPT_OUTPUT = 64 * 1024
+
+
+async def run_health_script(script: Path, timeout_s: float) -> ScriptResult:
+    """Run the admin health script once (own session, killed with its group on timeout)."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            str(script), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+    except OSError as exc:
+        return interpret_script("", None, cannot_run=f"{script}: {exc.strerror or exc}")
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            await proc.wait()
+        return interpret_script("", proc.returncode, timed_out=True)
+    return interpret_script(out[:MAX_SCRIPT_OUTPUT].decode(errors="replace"), proc.returncode)
+
+
+class AgentMonitor:
+    def __init__(self, cfg: AgentConfig, provider: GpuProvider, gpus: Sequence[GpuDevice],
+                 supervisor: ContainerSupervisor, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.provider = provider
+        self.gpus = list(gpus)
+        self.supervisor = supervisor
+        self.clock = clock
+        self.book = GpuHealthBook(self.gpus)
+        self.node = NodeHealth()
+        self.on_change: Callable[[], None] | None = None   # the tracker's wake(): report now
+        self.samples = 0
+        self._usage: dict[str, str] = {}                   # summaries not yet sent to the RM
+        self._registered: dict[int, tuple[bool, str]] = {}  # GPU health as the last registration carried it
+        self._broker: str | None = None
+        self._publisher: Publisher | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ------------------------------------------------------------------ wiring
+
+    def set_broker(self, url: str) -> None:
+        """The broker URL from the RM's registration reply ("" = none)."""
+        self._broker = url
+
+    def decorate(self, msg: pb.RegisterNodeRequest | pb.NodeHeartbeat) -> None:
+        """Put node health, changed GPU health and fresh usage summaries into an outgoing message."""
+        msg.healthy = self.node.healthy
+        msg.health_report = self.node.report
+        if isinstance(msg, pb.RegisterNodeRequest):
+            # Its GpuInfo list was built from the same GpuDevice objects a moment ago: already current.
+            self._registered = {g.index: (g.healthy, g.health_reason) for g in self.gpus}
+            return
+        for g in self.gpus:
+            # Re-sent on every beat until the next registration: a lost beat loses nothing, and the RM's
+            # update is idempotent.
+            if (g.healthy, g.health_reason) != self._registered.get(g.index, (True, "")):
+                msg.gpu_health.append(pb.GpuInfo(index=g.index, uuid=g.uuid, healthy=g.healthy,
+                                                 health_reason=g.health_reason))
+        usage, self._usage = self._usage, {}
+        msg.usage.extend(pb.ContainerUsage(container_id=cid, summary=text) for cid, text in usage.items())
+
+    # ------------------------------------------------------------------ GPU health
+
+    def check_gpus(self) -> list[HealthChange]:
+        """Poll the provider once and apply what it saw (also called before the first registration)."""
+        events = self.provider.poll_events()
+        return self._apply(events)
+
+    def _apply(self, events: Sequence[Any]) -> list[HealthChange]:
+        changes = self.book.observe(events, self.clock())
+        for ev in self.book.ignored:
+            log.info("GPU %d: %s (not a hardware fault: GPU stays in service)", ev.index, describe_xid(ev.xid))
+        self.book.ignored = []
+        if not changes:
+            return changes
+        holders = self.supervisor.gpus_in_use()
+        for change in changes:
+            log.error("%s: taken out of service", change.diagnostic)
+            cid = holders.get(change.index)
+            if cid is not None:
+                self._fail_container(cid, change)
+        if self.on_change is not None:
+            self.on_change()
+        return changes
+
+    def _fail_container(self, cid: str, change: HealthChange) -> None:
+        rec = self.supervisor.record(cid)
+        if rec is None or rec.terminal or rec.stopped:
+            return
+        rec.infra_failure = True  # reported with its end: the job's attempt fails as an infrastructure fault
+        log.warning("container %s (job %s): stopping, %s", cid, rec.job_id, change.diagnostic)
+        self._spawn(self.supervisor.stop(cid, self.cfg.containers.stop_grace_s, change.diagnostic))
+
+    async def _gpu_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.health.gpu_interval_s)
+            try:
+                events = await asyncio.to_thread(self.provider.poll_events)
+            except Exception:
+                log.exception("GPU health check failed")
+                continue
+            self._apply(events)
+
+    # ------------------------------------------------------------------ the admin script
+
+    async def _script_loop(self, script: Path) -> None:
+        while True:
+            result = await run_health_script(script, self.cfg.health.timeout_s)
+            self.apply_script(result)
+            await asyncio.sleep(self.cfg.health.interval_s)
+
+    def apply_script(self, result: ScriptResult) -> None:
+        if result.outcome is ScriptOutcome.TIMED_OUT:
+            log.warning("health script %s did not finish in %.0fs: killed; the node's health is unchanged",
+                        self.cfg.health.script, self.cfg.health.timeout_s)
+        elif result.outcome is ScriptOutcome.OK and result.exit_code:
+            log.info("health script exited with %d and printed no ERROR line: the node stays healthy",
+                     result.exit_code)
+        if self.node.apply(result, self.clock()):
+            if self.node.healthy:
+                log.info("health script: node healthy again")
+            else:
+                log.error("health script: node unhealthy: %s", self.node.report)
+            if self.on_change is not None:
+                self.on_change()
+
+    # ------------------------------------------------------------------ telemetry
+
+    async def sample_once(self) -> None:
+        holders = self.supervisor.gpus_in_use()
+        samples = await asyncio.to_thread(self.provider.sample, holders)
+        self.samples += 1
+        containers = {r.container_id: list(r.gpu_indices) for r in self.supervisor.records()
+                      if r.live and r.gpu_indices}
+        summaries = summarise(samples, containers)
+        self._usage.update({cid: s.text() for cid, s in summaries.items()})
+        await self._publish(node_payload(self.cfg.node_id, int(time.time() * 1000), self.gpus, samples, holders,
+                                         summaries))
+
+    async def _publish(self, payload: bytes) -> None:
+        url = self._broker
+        if self._publisher is not None and self._publisher.url != url:
+            await self._publisher.stop()
+            self._publisher = None
+        if not url:
+            return
+        if self._publisher is None:
+            self._publisher = Publisher(url, f"agent-{self.cfg.node_id}-telemetry", max_stream=16)
+            self._publisher.start()
+        self._publisher.publish_retained(TOPIC_TELEMETRY.format(node_id=self.cfg.node_id), payload)
+
+    async def _telemetry_loop(self) -> None:
+        while True:
+            try:
+                await self.sample_once()
+            except Exception:
+                log.exception("GPU telemetry failed")
+            await asyncio.sleep(self.cfg.telemetry.interval_s)
+
+    # ------------------------------------------------------------------ run
+
+    async def run(self) -> None:
+        """All loops, until cancelled."""
+        loops: list[Coroutine[Any, Any, None]] = [self._gpu_loop()]
+        if self.cfg.health.script is not None:
+            loops.append(self._script_loop(self.cfg.health.script))
+        if self.cfg.telemetry.interval_s > 0:
+            loops.append(self._telemetry_loop())
+        await asyncio.gather(*loops)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._publisher is not None:
+            await self._publisher.stop()
+            self._publisher = None
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("stopping a container on a failed GPU failed: %s", task.exception())

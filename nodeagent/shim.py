@@ -1,0 +1,164 @@
+"""`python -m gpurm.nodeagent.shim CONTAINER_DIR HANDSHAKE_FD`: the launcher that stands between the agent and
+a container's command, and outlives the agent.
+
+The agent starts it as a session leader (the container's process group is the shim's); the shim, still the
+agent's user:
+
+1. reads `launch.json` (argv, env, workdir, user / groups, cgroup, log rotation) from the container dir;
+2. joins the container's cgroup, so the command and all it forks start inside it;
+3. starts the command (switching user with setgroups / setgid / setuid when asked), its stdout and stderr a
+   pipe the shim reads;
+4. tells the agent on HANDSHAKE_FD: `{"pid": N}` or `{"error": "...", "errno": E}` (exec failed);
+5. copies the output into output.log, rotating it by size (`logfiles.LogWriter`);
+6. when the command ends, writes `exit.json` (`{"returncode": rc}`, negative = killed by that signal) and exits.
+
+Because the shim, not the agent, holds the pipe and waits for the command, an agent that is killed or
+upgraded costs the container nothing: the restarted agent adopts it and still learns its exit code from
+`exit.json`. SIGTERM / SIGINT / SIGHUP sent to the process group do not stop the shim (it must record the
+exit); the handlers it installs are reset by exec, so the command gets default dispositions.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpurm.nodeagent.logfiles import LogWriter
+
+LAUNCH_FILE = "launch.json"
+EXIT_FILE = "exit.json"
+DRAIN_S = 0.2       # after the command's exit: read what is still buffered, not what stragglers write later
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """A handler, not SIG_IGN: ignored dispositions survive exec, handlers do not."""
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data) + "\n")
+    os.replace(tmp, path)
+
+
+def _describe(exc: OSError, program: str, cwd: str) -> str:
+    if exc.errno == errno.ENOENT and exc.filename == cwd:
+        return f"cannot start: workdir {cwd} does not exist"
+    if exc.errno in (errno.EACCES, errno.EPERM) and exc.filename == cwd:
+        return f"cannot start: workdir {cwd} is not accessible to the container's user"
+    if exc.errno == errno.ENOENT:
+        return f"cannot start {program!r}: command not found"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"cannot start {program!r}: permission denied"
+    if exc.errno == errno.ENOEXEC:
+        return f"cannot start {program!r}: not an executable format"
+    return f"cannot start {program!r}: {exc.strerror or exc}"
+
+
+def run(cdir: Path, handshake_fd: int) -> int:
+    spec: dict[str, Any] = json.loads((cdir / LAUNCH_FILE).read_text())
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _ignore)
+    answer: dict[str, Any] = {}
+    cgroup = spec.get("cgroup") or ""
+    if cgroup:
+        try:
+            Path(cgroup, "cgroup.procs").write_text(str(os.getpid()))
+            answer["cgroup"] = cgroup
+        except OSError as exc:
+            answer["cgroup_error"] = f"cannot join cgroup {cgroup}: {exc.strerror or exc}"
+    writer = LogWriter(cdir, int(spec.get("log_max_size", 0)), int(spec.get("log_keep", 3)))
+    r, w = os.pipe()
+    argv: list[str] = spec["argv"]
+    try:
+        proc = subprocess.Popen(
+            argv, env=spec["env"], cwd=spec["cwd"], stdin=subprocess.DEVNULL, stdout=w, stderr=w,
+            close_fds=True, user=spec.get("uid"), group=spec.get("gid"), extra_groups=spec.get("groups"))
+    except OSError as exc:
+        answer.update(error=_describe(exc, argv[0] if argv else "", spec["cwd"]), errno=exc.errno or 0)
+        os.write(handshake_fd, (json.dumps(answer) + "\n").encode())
+        return 127
+    finally:
+        os.close(w)
+    answer["pid"] = proc.pid
+    try:
+        os.write(handshake_fd, (json.dumps(answer) + "\n").encode())
+        os.close(handshake_fd)
+    except OSError:
+        pass  # the agent died while we started: the command runs anyway, a new agent adopts it
+    rc = _pump(proc, r, writer)
+    writer.close()
+    _write_json(cdir / EXIT_FILE, {"returncode": rc, "pid": proc.pid, "end_ms": int(time.time() * 1000)})
+    return rc if rc >= 0 else 128 - rc
+
+
+def _pump(proc: subprocess.Popen[bytes], r: int, writer: LogWriter) -> int:
+    """Copy output until the command has exited and its pipe is drained (or only stragglers hold it)."""
+    os.set_blocking(r, False)
+    sel = selectors.DefaultSelector()
+    sel.register(r, selectors.EVENT_READ)
+    pidfd = -1
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+        sel.register(pidfd, selectors.EVENT_READ)
+    except (AttributeError, OSError):
+        pass
+    rc: int | None = None
+    deadline = 0.0
+    pipe_open = True
+    while True:
+        if rc is None:
+            rc = proc.poll()
+            if rc is not None:
+                deadline = time.monotonic() + DRAIN_S
+        if rc is not None and (not pipe_open or time.monotonic() >= deadline):
+            break
+        timeout = 0.5 if pidfd < 0 else None
+        if rc is not None:
+            timeout = max(0.0, deadline - time.monotonic())
+        for key, _ in sel.select(timeout):
+            if key.fd == pidfd:
+                sel.unregister(pidfd)
+                os.close(pidfd)
+                pidfd = -1
+                continue
+            for _ in range(64):  # bounded: a straggler that writes without pause must not hold us here
+                try:
+                    data = os.read(r, 65536)
+                except BlockingIOError:
+                    break
+                except InterruptedError:
+                    continue
+                if not data:
+                    pipe_open = False
+                    sel.unregister(r)
+                    break
+                try:
+                    writer.write(data)
+                except OSError:
+                    pass  # disk full: the command keeps running, its output is lost
+        if pidfd < 0 and rc is None and not pipe_open:
+            rc = proc.wait()
+            deadline = time.monotonic()
+    if pidfd >= 0:
+        os.close(pidfd)
+    os.close(r)
+    return rc
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        sys.stderr.write("usage: python -m gpurm.nodeagent.shim CONTAINER_DIR HANDSHAKE_FD\n")
+        return 2
+    return run(Path(argv[0]), int(argv[1]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,138 @@
+"""One `gpurm sim` run: load the trace and the cluster, build the queue tree, run the engine, write the results.
+
+The pieces live elsewhere (`trace.py`, `clusterspec.py`, `engine.py`, `metrics.py`, `plots.py`); this module
+only wires them together so the CLI and the tests run exactly the same thing.
+
+Output directory (`--out DIR`, created if missing):
+- `summary.json`: the run's figures (see `metrics.py` for every definition), plus `inputs` (what was run);
+- `jobs.csv`: one row per job;
+- `queue_timeline.csv`: allocated GPUs per queue over time;
+- `jct_cdf.png`, `queue_delay_by_size.png`, `gpu_utilization.png`, `queue_shares.png`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpurm.queues.config import parse_queues
+from gpurm.queues.fields import ConfigError
+from gpurm.queues.tree import Policy, QueueDef, QueueTree
+from gpurm.sim import metrics
+from gpurm.sim.clusterspec import SimServer, parse_cluster, total_gpus
+from gpurm.sim.engine import Engine, SimOptions, SimResult
+from gpurm.sim.trace import Trace, load_trace
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[float, int, int], None]    # (simulated seconds, jobs finished, jobs in all)
+
+
+class SimInputError(ValueError):
+    """Bad input for a run (a file, a queue config that does not fit the trace): nothing was simulated."""
+
+
+@dataclass
+class SimRequest:
+    trace: Path
+    fmt: str
+    cluster: str                      # RxNxG or a machine-list file
+    out: Path
+    queues: Path | None = None
+    policy: Policy | None = None      # None: each leaf's own policy (fifo unless the queue config says)
+    window: tuple[str, str] | None = None
+    failures_per_1000_gpu_h: float = 0.0
+    seed: int = 0
+    plots: bool = True
+
+
+@dataclass
+class SimOutcome:
+    summary: dict[str, object]
+    result: SimResult
+    trace: Trace
+    files: list[Path]
+
+
+def trace_tree(queues: list[str]) -> QueueTree:
+    """The tree used without `--queues`: every queue of the trace with weight 1 under root (a dotted name such
+    as `research.nlp` becomes a leaf under an inner queue `research`, also of weight 1). Everyone may submit."""
+    root = QueueDef("root", "root", submit_acl=["*"])
+    by_path = {"root": root}
+    for name in queues:
+        parent = root
+        parts = name.split(".")
+        for depth in range(1, len(parts) + 1):
+            path = "root." + ".".join(parts[:depth])
+            q = by_path.get(path)
+            if q is None:
+                q = by_path[path] = QueueDef(parts[depth - 1], path)
+                parent.children.append(q)
+            parent = q
+    return QueueTree(root)
+
+
+def config_tree(path: Path, trace: Trace) -> QueueTree:
+    """The queue config given with `--queues`, checked against the trace: every queue the trace names must be a
+    leaf of it (a job of another queue could never be submitted)."""
+    try:
+        tree = parse_queues(path.read_text(), str(path))
+    except OSError as exc:
+        raise SimInputError(f"--queues: cannot read {path}: {exc.strerror}") from None
+    except ConfigError as exc:
+        raise SimInputError(f"--queues: {path} is invalid:\n  " + "\n  ".join(exc.problems)) from None
+    leaves = {q.path.removeprefix("root.") for q in tree.leaves}
+    missing = [q for q in trace.queues() if q not in leaves]
+    if missing:
+        shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+        raise SimInputError(f"--queues: the trace names queues that are not leaves of {path}: {shown}; add them "
+                            "or leave out --queues (then every trace queue gets weight 1)")
+    return tree
+
+
+def load_inputs(req: SimRequest) -> tuple[Trace, list[SimServer], QueueTree]:
+    servers = parse_cluster(req.cluster)          # cheap, so a bad spec is reported before a big trace loads
+    try:
+        trace = load_trace(req.trace, req.fmt, req.window)
+    except OSError as exc:
+        raise SimInputError(f"--trace: cannot read {req.trace}: {exc.strerror}") from None
+    if not trace.jobs:
+        raise SimInputError(f"--trace: {req.trace} has no jobs" + (" in the window" if req.window else ""))
+    biggest = max(j.gpus for j in trace.jobs)
+    if biggest > total_gpus(servers):
+        raise SimInputError(f"--cluster: {req.cluster} has {total_gpus(servers)} GPUs but the trace has a job of "
+                            f"{biggest}; give a bigger cluster")
+    tree = config_tree(req.queues, trace) if req.queues is not None else trace_tree(trace.queues())
+    return trace, servers, tree
+
+
+def run(req: SimRequest, progress: Progress | None = None) -> SimOutcome:
+    """Simulate and write every output file. Raises SimInputError (or TraceError / ValueError from the loaders)
+    before anything is simulated when an input is bad."""
+    if req.failures_per_1000_gpu_h < 0:
+        raise SimInputError(f"--failures: must be at least 0, got {req.failures_per_1000_gpu_h:g}")
+    trace, servers, tree = load_inputs(req)
+    options = SimOptions(policy=req.policy, failures_per_1000_gpu_h=req.failures_per_1000_gpu_h, seed=req.seed)
+    engine = Engine(trace, servers, tree, options)
+    result = engine.run(progress)
+    capacity = total_gpus(servers)
+    load = metrics.load_factor(trace.gpu_seconds(), capacity, trace.span_s)
+    inputs: dict[str, object] = {
+        "trace": str(req.trace), "format": req.fmt, "cluster": req.cluster, "servers": len(servers),
+        "queues": str(req.queues) if req.queues else None, "policy": req.policy.value if req.policy else None,
+        "window": list(req.window) if req.window else None, "failures_per_1000_gpu_h": req.failures_per_1000_gpu_h,
+        "seed": req.seed, "trace_rows_fixed": len(trace.fixed), "trace_rows_skipped": len(trace.skipped),
+    }
+    summary = metrics.summarize(result.results, result.timeline, capacity, load, result.wall_s,
+                                extra={"inputs": inputs, "events": result.events})
+    req.out.mkdir(parents=True, exist_ok=True)
+    metrics.write_summary(req.out, summary)
+    metrics.write_jobs_csv(req.out, result.results)
+    metrics.write_queue_timeline_csv(req.out, result.timeline)
+    files = [req.out / metrics.SUMMARY_FILE, req.out / metrics.JOBS_FILE, req.out / metrics.QUEUE_TIMELINE_FILE]
+    if req.plots:
+        from gpurm.sim.plots import write_plots  # matplotlib is slow to import: only when plotting
+        files += write_plots(req.out, result.results, result.timeline, capacity)
+    return SimOutcome(summary, result, trace, files)

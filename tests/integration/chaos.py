@@ -1,0 +1,373 @@
+"""The chaos run: a real cluster (RM, 4 agents with fake GPUs, per-job AMs, a real broker) runs N jobs of 1-16
+GPUs while the RM is SIGKILLed twice, one agent once and one AM once, each restarted (the AM by the RM).
+
+Used by tests/integration/test_chaos.py (50 jobs) and by `scripts/chaos --jobs N` for longer runs. It checks:
+- every job ends in the state its command calls for, with the right cause: `sleep` jobs SUCCEEDED, `exit 3`
+  jobs FAILED after exactly 1 + max_retries attempts each failing with code 3, jobs the driver kills KILLED;
+- attempts and retries are counted right: a job's counted failures are exactly its attempts that failed with a
+  user or infrastructure cause, and a SUCCEEDED job's earlier attempts all ended by the chaos (infra / AM);
+- no two live containers ever shared a GPU, from the agents' own records (start/end per node and GPU index);
+- no process is left behind once every job has ended, and none once the agents stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from gpurm.proto import gpurm_pb2 as pb
+from tests.conftest import free_port, wait_port
+from tests.integration.harness import alive
+from tests.integration.rmproc import TERMINAL, AgentProcess, RMProcess, kill_group
+
+log = logging.getLogger("chaos")
+
+NODES = 4
+GPUS_PER_NODE = 8
+SIZES = (1, 1, 1, 2, 2, 4, 8, 8, 16)
+
+
+@dataclass
+class JobPlan:
+    index: int
+    kind: str            # ok | fail | kill
+    gpus: int
+    command: str
+    max_retries: int
+    job_id: str = ""
+
+
+@dataclass
+class ChaosReport:
+    jobs: int = 0
+    by_state: dict[str, int] = field(default_factory=dict)
+    attempts: int = 0
+    retries: int = 0
+    chaos_events: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    containers_checked: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def line(self) -> str:
+        states = ", ".join(f"{n} {s}" for s, n in sorted(self.by_state.items()))
+        verdict = "PASS" if self.ok else f"FAIL ({len(self.problems)} problems)"
+        return (f"chaos {verdict}: {self.jobs} jobs ({states}); {self.attempts} attempts, {self.retries} counted "
+                f"failures; {len(self.chaos_events)} faults injected ({'; '.join(self.chaos_events)}); "
+                f"{self.containers_checked} container records checked for shared GPUs; {self.wall_s:.0f}s")
+
+
+def plan_jobs(n: int, seed: int) -> list[JobPlan]:
+    rng = random.Random(seed)
+    plans = []
+    for i in range(n):
+        gpus = rng.choice(SIZES)
+        if i % 10 == 3:
+            plans.append(JobPlan(i, "fail", rng.choice((1, 2, 8)), "sleep 0.5; exit 3", max_retries=1))
+        elif i % 10 == 7:
+            plans.append(JobPlan(i, "kill", gpus, "sleep 600", max_retries=3))
+        else:
+            plans.append(JobPlan(i, "ok", gpus, f"sleep {rng.uniform(2, 8):.1f}", max_retries=3))
+    return plans
+
+
+@contextlib.contextmanager
+def broker(workdir: Path) -> Iterator[str]:
+    """mosquitto on a free port where the binary exists, else the embedded amqtt broker (as tests/conftest.py)."""
+    binary = shutil.which("mosquitto") or ("/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None)
+    port = free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    if binary:
+        conf = workdir / "mosquitto.conf"
+        conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+        argv = [binary, "-c", str(conf)]
+    else:
+        argv = [sys.executable, "-c", "import asyncio\nfrom gpurm.rm.broker import EmbeddedBroker\n"
+                "async def main():\n"
+                f"    b = EmbeddedBroker('127.0.0.1', {port}); await b.start(); await asyncio.Event().wait()\n"
+                "asyncio.run(main())\n"]
+    with (workdir / "broker.log").open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=out)
+    try:
+        wait_port(port)
+        yield f"mqtt://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+class Chaos:
+    def __init__(self, workdir: Path, mqtt_url: str, jobs: int, seed: int,
+                 say: Callable[[str], None] = lambda s: None) -> None:
+        self.workdir = workdir
+        self.say = say
+        self.plans = plan_jobs(jobs, seed)
+        self.rng = random.Random(seed + 1)
+        self.report = ChaosReport(jobs=jobs)
+        self.rm = RMProcess(workdir, mqtt_url, heartbeat="1s", missed_beats=5,
+                            am={"liveness_timeout": "15s"})
+        self.agents = [AgentProcess(workdir / f"agent{i}", self.rm, f"chaos-n{i}",
+                                    gpus={"fake": GPUS_PER_NODE}, rack=f"rack-{i % 2}", ib_domain=f"ib-{i % 2}",
+                                    containers={"stop_grace": "1s"})
+                       for i in range(NODES)]
+
+    # ------------------------------------------------------------ the run
+
+    def run(self, timeout: float = 240.0) -> ChaosReport:
+        t0 = time.monotonic()
+        try:
+            for a in self.agents:
+                a.start()
+            self.submit_all()
+            self.inject_faults()
+            self.wait_all(t0 + timeout)
+            self.check_jobs()
+            self.check_gpus()
+            self.check_leftovers(after_stop=False)
+        finally:
+            for a in self.agents:
+                a.close()
+            self.check_leftovers(after_stop=True)
+            self.rm.close()
+            self.report.wall_s = time.monotonic() - t0
+        return self.report
+
+    def submit_all(self) -> None:
+        for p in self.plans:
+            spec = pb.JobSpec(name=f"chaos-{p.index}-{p.kind}", gpus=p.gpus, max_retries=p.max_retries,
+                              command=["/bin/sh", "-c", p.command])
+            reply = self.rm.client.SubmitJob(pb.SubmitJobRequest(spec=spec, submit_id=f"chaos-{p.index}"),
+                                             metadata=self.rm.metadata, timeout=10)
+            p.job_id = reply.job_id
+        self.say(f"submitted {len(self.plans)} jobs")
+
+    def call(self, what: Callable[[], object]) -> object:
+        """An RM call that rides out the RM being down (it is, on purpose, now and then)."""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                return what()
+            except grpc.RpcError as exc:
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) \
+                        or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+
+    def jobs(self) -> dict[str, pb.Job]:
+        reply = self.call(lambda: self.rm.client.ListJobs(pb.ListJobsRequest(), timeout=10))
+        assert isinstance(reply, pb.ListJobsResponse)
+        return {j.job_id: j for j in reply.jobs}
+
+    def wait_running(self, min_running: int, until: float) -> None:
+        while time.monotonic() < until:
+            if sum(1 for j in self.jobs().values() if j.state == pb.JOB_RUNNING) >= min_running:
+                return
+            time.sleep(0.3)
+
+    def inject_faults(self) -> None:
+        soon = time.monotonic() + 30
+        self.wait_running(3, soon)
+        self.kill_rm()
+        self.kill_the_killables()
+        self.wait_running(2, time.monotonic() + 20)
+        self.kill_agent()
+        self.wait_running(2, time.monotonic() + 20)
+        self.kill_am()
+        time.sleep(2)
+        self.kill_rm()
+
+    def kill_rm(self) -> None:
+        self.rm.kill()
+        time.sleep(self.rng.uniform(0.5, 2.0))
+        t = time.monotonic()
+        self.rm.start()
+        self.report.chaos_events.append(f"RM SIGKILL, serving again {time.monotonic() - t:.1f}s after restart")
+        self.say(self.report.chaos_events[-1])
+
+    def kill_the_killables(self) -> None:
+        for p in self.plans:
+            if p.kind == "kill":
+                self.call(lambda p=p: self.rm.client.KillJob(  # type: ignore[misc]
+                    pb.KillJobRequest(job_id=p.job_id, reason="chaos: killed by its owner"),
+                    metadata=self.rm.metadata, timeout=10))
+
+    def kill_agent(self) -> None:
+        victim = self.rng.choice(self.agents)
+        assert victim.proc is not None
+        victim.proc.kill()
+        victim.proc.wait()
+        time.sleep(self.rng.uniform(0.5, 2.0))
+        victim.start(timeout=30)
+        self.report.chaos_events.append(f"agent {victim.node_id} SIGKILL and restart")
+        self.say(self.report.chaos_events[-1])
+
+    def kill_am(self) -> None:
+        running = [j for j in self.jobs().values() if j.state in (pb.JOB_RUNNING, pb.JOB_ALLOCATING) and j.am_node]
+        for job in self.rng.sample(running, len(running)):
+            for record in self.records():
+                pid = int(record.get("pid") or 0)
+                if record.get("job_id") == job.job_id and record.get("kind") == "CONTAINER_AM" \
+                        and record.get("state") == "CONTAINER_RUNNING" and pid and alive(pid):
+                    os.kill(pid, signal.SIGKILL)        # the AM process itself, as a crash would
+                    self.report.chaos_events.append(f"AM of {job.job_id} SIGKILL")
+                    self.say(self.report.chaos_events[-1])
+                    return
+        self.report.problems.append("found no running AM to kill")
+
+    def wait_all(self, deadline: float) -> None:
+        last = ""
+        while True:
+            jobs = self.jobs()
+            ours = [jobs[p.job_id] for p in self.plans]
+            left = [j for j in ours if j.state not in TERMINAL]
+            line = f"{len(ours) - len(left)}/{len(ours)} jobs ended"
+            if line != last:
+                self.say(line)
+                last = line
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                for j in left:
+                    self.report.problems.append(f"{j.job_id} still {pb.JobState.Name(j.state)} at the deadline: "
+                                                f"{j.waiting_reason or j.diagnostics}")
+                return
+            time.sleep(0.5)
+
+    # ------------------------------------------------------------ the checks
+
+    def check_jobs(self) -> None:
+        jobs = self.jobs()
+        for p in self.plans:
+            job = jobs[p.job_id]
+            state = pb.JobState.Name(job.state).removeprefix("JOB_")
+            self.report.by_state[state] = self.report.by_state.get(state, 0) + 1
+            self.report.attempts += len(job.attempts)
+            self.report.retries += job.failures
+            where = f"{p.job_id} ({p.kind}, {p.gpus} GPUs)"
+            counted = sum(1 for a in job.attempts if a.counts_as_failure)
+            if counted != job.failures:
+                self.report.problems.append(f"{where}: {job.failures} failures reported, {counted} attempts count")
+            for a in job.attempts:
+                should = a.failure in (pb.FAILURE_USER, pb.FAILURE_INFRA)
+                if a.state == pb.JOB_FAILED and a.counts_as_failure != should:
+                    self.report.problems.append(f"{where}: attempt {a.attempt} ({pb.FailureKind.Name(a.failure)}: "
+                                                f"{a.cause}) counts_as_failure={a.counts_as_failure}")
+            if p.kind == "ok":
+                if job.state != pb.JOB_SUCCEEDED:
+                    self.report.problems.append(f"{where}: {state}, expected SUCCEEDED: {job.diagnostics}")
+                for a in job.attempts[:-1]:
+                    if a.failure == pb.FAILURE_USER:
+                        self.report.problems.append(f"{where}: attempt {a.attempt} failed as a user error: {a.cause}")
+            elif p.kind == "fail":
+                user = [a for a in job.attempts if a.failure == pb.FAILURE_USER]
+                if job.state != pb.JOB_FAILED or len(user) != 1 + p.max_retries \
+                        or any(a.exit_code != 3 for a in user) or "3" not in job.diagnostics:
+                    causes = "; ".join(f"{a.attempt}: {pb.FailureKind.Name(a.failure)} {a.cause}"
+                                       for a in job.attempts)
+                    self.report.problems.append(f"{where}: {state} with attempts [{causes}], expected FAILED after "
+                                                f"{1 + p.max_retries} attempts exiting with 3 ({job.diagnostics})")
+            elif job.state != pb.JOB_KILLED or job.failures:
+                self.report.problems.append(f"{where}: {state} with {job.failures} failures, expected KILLED")
+
+    def records(self) -> list[dict[str, object]]:
+        out = []
+        for a in self.agents:
+            for path in sorted((a.state / "containers").glob("*/record.json")):
+                with contextlib.suppress(OSError, ValueError):
+                    out.append(json.loads(path.read_text()))
+        return out
+
+    def check_gpus(self) -> None:
+        """No two containers' lives overlap on one GPU (records' start_ms..end_ms per node and index)."""
+        by_gpu: dict[tuple[str, int], list[tuple[int, int, str]]] = {}
+        records = self.records()
+        self.report.containers_checked = len(records)
+        now_ms = int(time.time() * 1000)
+        for r in records:
+            start = int(r.get("start_ms") or 0)
+            if not start:
+                continue
+            end = int(r.get("end_ms") or 0) or now_ms
+            for g in r.get("gpu_indices") or []:          # type: ignore[union-attr]
+                by_gpu.setdefault((str(r["node_id"]), int(g)), []).append((start, end, str(r["container_id"])))
+        for (node, gpu), lives in sorted(by_gpu.items()):
+            lives.sort()
+            for (_, e1, c1), (s2, _, c2) in itertools.pairwise(lives):
+                if s2 < e1:
+                    self.report.problems.append(f"GPU {gpu} of {node} shared: {c1} ran until {e1}, {c2} started "
+                                                f"at {s2}")
+
+    def check_leftovers(self, after_stop: bool) -> None:
+        deadline = time.monotonic() + 10
+        while True:
+            left = {pid for a in self.agents for pid in a.processes()}
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        if left:
+            when = "after the agents stopped" if after_stop else "after every job ended"
+            self.report.problems.append(f"{len(left)} container processes left {when}: {sorted(left)}")
+            for pid in left:
+                kill_group(pid)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        prog="scripts/chaos", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run N jobs on a local 4-node cluster while killing the RM (twice), an agent and an AM; "
+                    "exit 0 only if every check holds. The last line is a one-line summary.",
+        epilog="example:\n  scripts/chaos --jobs 200 --seed 3\n  scripts/chaos --jobs 50 --keep /tmp/chaos")
+    parser.add_argument("--jobs", type=int, default=50, help="jobs to run (default 50)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed for job sizes and fault timing")
+    parser.add_argument("--timeout", type=float, default=0, help="seconds to wait for every job (default: scales "
+                                                                  "with --jobs)")
+    parser.add_argument("--keep", metavar="DIR", help="keep state and logs in DIR (default: a temporary dir)")
+    args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error("--jobs: must be at least 1")
+    workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gpurm-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    def say(text: str) -> None:
+        sys.stderr.write(f"[{time.strftime('%H:%M:%S')}] {text}\n")
+
+    old = signal.getsignal(signal.SIGINT)
+    try:
+        with broker(workdir / "broker") as url:
+            chaos = Chaos(workdir, url, args.jobs, args.seed, say)
+            report = chaos.run(timeout=args.timeout or 120 + 4 * args.jobs)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    for problem in report.problems:
+        print(f"problem: {problem}")
+    print(f"state and logs: {workdir}")
+    print(report.line())
+    if not args.keep and report.ok:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

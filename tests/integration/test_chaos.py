@@ -1,0 +1,16 @@
+"""The chaos test: 50 jobs of 1-16 GPUs on 4 agents while the RM is SIGKILLed twice, one agent once and one AM
+once, each restarted. See tests/integration/chaos.py for the checks; `scripts/chaos --jobs N` runs longer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.integration.chaos import Chaos
+
+
+def test_chaos(tmp_path: Path, mqtt_url: str) -> None:
+    events: list[str] = []
+    report = Chaos(tmp_path, mqtt_url, jobs=50, seed=0, say=events.append).run(timeout=300)
+    assert len(report.chaos_events) == 4, report.chaos_events
+    assert sum(report.by_state.values()) == 50
+    assert report.ok, "\n".join([*report.problems, report.line(), *events])

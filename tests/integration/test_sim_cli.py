@@ -1,0 +1,101 @@
+"""`gpurm sim` as a user runs it: the real command in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REQUIRED = ("jobs", "gpus", "load_factor", "makespan_s", "avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_queue_s",
+            "p99_queue_s", "gpu_utilization", "locality", "preemptions", "retries", "per_queue", "queue_by_size",
+            "wall_s")
+
+
+def gpurm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpurm.cli.main", *args], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+JOBS = [{"id": "a", "submit": 0, "gpus": 4, "duration": 100, "queue": "research.nlp"},
+        {"id": "b", "submit": "10s", "gpus": 8, "duration": "5m", "queue": "research.vision"},
+        {"id": "c", "submit": 20, "gpus": 1, "duration": 30, "queue": "prod"}]
+
+
+def test_help_has_an_example() -> None:
+    r = gpurm("sim", "--help")
+    assert r.returncode == 0
+    assert "example:" in r.stdout and "--trace" in r.stdout and "--window" in r.stdout
+
+
+def test_a_run_writes_summary_jobs_and_plots(tmp_path: Path) -> None:
+    trace = write_jsonl(tmp_path / "t.jsonl", JOBS)
+    out = tmp_path / "out"
+    r = gpurm("sim", "--trace", str(trace), "--format", "jsonl", "--cluster", "1x2x8", "--out", str(out),
+              "-o", "json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    for key in REQUIRED:
+        assert key in summary, key
+    assert summary["jobs"] == 3 and summary["finished"] == 3 and summary["gpus"] == 16
+    assert set(summary["per_queue"]) == {"research.nlp", "research.vision", "prod"}
+    assert json.loads((out / "summary.json").read_text())["jobs"] == 3
+    assert len((out / "jobs.csv").read_text().splitlines()) == 4
+    for png in ("jct_cdf.png", "queue_delay_by_size.png", "utilization.png", "queue_shares.png"):
+        assert (out / png).stat().st_size > 1000
+
+
+def test_table_output_is_aligned(tmp_path: Path) -> None:
+    trace = write_jsonl(tmp_path / "t.jsonl", JOBS)
+    r = gpurm("sim", "--trace", str(trace), "--format", "jsonl", "--cluster", "1x2x8", "--out", str(tmp_path / "o"),
+              "--no-plots")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    header = lines[0]
+    assert header.startswith("FIGURE") and "VALUE" in header
+    col = header.index("VALUE")
+    assert all(line[col - 2:col] == "  " for line in lines[1:10])
+    assert "wrote summary.json" in r.stdout
+
+
+def test_queue_config_must_hold_the_trace_queues(tmp_path: Path) -> None:
+    trace = write_jsonl(tmp_path / "t.jsonl", JOBS)
+    queues = tmp_path / "q.yaml"
+    queues.write_text("queues:\n  research:\n    queues:\n      nlp: {weight: 2}\n      vision: {}\n")
+    r = gpurm("sim", "--trace", str(trace), "--format", "jsonl", "--cluster", "1x2x8", "--queues", str(queues),
+              "--out", str(tmp_path / "o"))
+    assert r.returncode == 2
+    assert "prod" in r.stderr and "--queues" in r.stderr
+    assert not (tmp_path / "o").exists()
+    queues.write_text("queues:\n  research:\n    queues:\n      nlp: {weight: 2}\n      vision: {}\n  prod: {}\n")
+    r = gpurm("sim", "--trace", str(trace), "--format", "jsonl", "--cluster", "1x2x8", "--queues", str(queues),
+              "--out", str(tmp_path / "o"), "--no-plots", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["finished"] == 3
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(JOBS[0]) + "\n" + json.dumps({"submit": 5, "gpus": 0, "duration": 10}) + "\n")
+    good = write_jsonl(tmp_path / "good.jsonl", JOBS)
+    cases = [
+        (["--trace", str(bad), "--format", "jsonl", "--cluster", "1x2x8"], "bad.jsonl:2: gpus"),
+        (["--trace", str(tmp_path / "nope.csv"), "--format", "philly-csv", "--cluster", "8x8x8"], "nope.csv"),
+        (["--trace", str(good), "--format", "jsonl", "--cluster", "8x0x8"], "--cluster"),
+        (["--trace", str(good), "--format", "jsonl", "--cluster", "8x8x8", "--window", "5"], "--window"),
+        (["--trace", str(good), "--format", "nope", "--cluster", "8x8x8"], "--format"),
+        (["--trace", str(good), "--format", "jsonl", "--cluster", "8x8x8", "--failures", "-1"], "--failures"),
+    ]
+    for args, needle in cases:
+        r = gpurm("sim", *args, "--out", str(tmp_path / "o"))
+        assert r.returncode == 2, (args, r.stderr)
+        assert needle in r.stderr, (needle, r.stderr)
+    big = write_jsonl(tmp_path / "big.jsonl", [{"submit": 0, "gpus": 64, "duration": 10}])
+    r = gpurm("sim", "--trace", str(big), "--format", "jsonl", "--cluster", "1x2x8", "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "64" in r.stderr
+    assert not (tmp_path / "o").exists()
