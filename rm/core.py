@@ -446,7 +446,14 @@ class RMCore:
             if c.kind is ContainerKind.AM and job.final_reported:
                 continue
             self._order_stop(c, self.settings.kill_grace_s, diagnostics or state.name.lower())
+            if self._never_started(c):
+                # No process to wait for (the stop order refuses a racing start): its GPUs are free now.
+                self._complete(c, ExitStatus(ExitKind.RELEASED, diagnostics="its job ended"), now)
         self._job_changed(job)
+
+    @staticmethod
+    def _never_started(c: Container) -> bool:
+        return c.kind is ContainerKind.LEARNER and c.phase is ContainerPhase.ALLOCATED and not c.pid
 
     # ------------------------------------------------------------ AM launching
 
@@ -821,8 +828,17 @@ class RMCore:
             # Ends that happened while no AM state existed (an RM restart, an AM restart) are delivered now;
             # the AM ignores ends it already knows, so repeating one is harmless.
             app.completed = self._ended_learners(job)
+            # Grants the AM may never have seen (the reply was lost with a former RM, or went to a former AM):
+            # offered again, so it uses or releases them; an AM ignores a grant it already holds.
+            app.pending_grants = self._unlaunched_grants(job)
             self.apps[job_id] = app
         return job, app
+
+    def _unlaunched_grants(self, job: Job) -> list[Grant]:
+        launched = {ln.container_id for ln in job.current_attempt.learners} if job.current_attempt else set()
+        return [Grant(job.job_id, c.container_id, c.node_id, list(c.gpu_indices), c.preemptible)
+                for c in self.job_containers(job.job_id)
+                if self._never_started(c) and not c.stop_requested and c.container_id not in launched]
 
     def _ended_learners(self, job: Job) -> list[Container]:
         attempt = job.current_attempt
@@ -1022,6 +1038,10 @@ class RMCore:
         s = self.settings
         for c in list(self.live.values()):
             if not c.phase.live:
+                continue
+            if c.stop_requested and self._never_started(c) \
+                    and now - max(c.created, self.recovered_at) > s.container_start_timeout_s:
+                self._complete(c, ExitStatus(ExitKind.EXPIRED, diagnostics="stopped before it ever started"), now)
                 continue
             if c.stop_requested:
                 sent = self._stop_sent.get(c.container_id, 0.0)

@@ -3,7 +3,8 @@ GPUs while the RM is SIGKILLed twice, one agent once and one AM once, each resta
 
 Used by tests/integration/test_chaos.py (50 jobs) and by `scripts/chaos --jobs N` for longer runs. It checks:
 - every job ends in the state its command calls for, with the right cause: `sleep` jobs SUCCEEDED, `exit 3`
-  jobs FAILED after exactly 1 + max_retries attempts each failing with code 3, jobs the driver kills KILLED;
+  jobs FAILED after 1 + max_retries counted failures (exit code 3, or an infrastructure cause the chaos brought
+  about), jobs the driver kills KILLED;
 - attempts and retries are counted right: a job's counted failures are exactly its attempts that failed with a
   user or infrastructure cause, and a SUCCEEDED job's earlier attempts all ended by the chaos (infra / AM);
 - no two live containers ever shared a GPU, from the agents' own records (start/end per node and GPU index);
@@ -281,13 +282,18 @@ class Chaos:
                     if a.failure == pb.FAILURE_USER:
                         self.report.problems.append(f"{where}: attempt {a.attempt} failed as a user error: {a.cause}")
             elif p.kind == "fail":
+                # Every attempt exits with 3 unless the chaos ended it first (an infrastructure cause, which also
+                # counts); the job fails when the counted failures pass max_retries.
                 user = [a for a in job.attempts if a.failure == pb.FAILURE_USER]
-                if job.state != pb.JOB_FAILED or len(user) != 1 + p.max_retries \
-                        or any(a.exit_code != 3 for a in user) or "3" not in job.diagnostics:
+                others = [a for a in job.attempts if a.counts_as_failure and a.failure != pb.FAILURE_USER]
+                if job.state != pb.JOB_FAILED or not user or any(a.exit_code != 3 for a in user) \
+                        or any(a.failure != pb.FAILURE_INFRA for a in others) \
+                        or job.failures != 1 + p.max_retries:
                     causes = "; ".join(f"{a.attempt}: {pb.FailureKind.Name(a.failure)} {a.cause}"
                                        for a in job.attempts)
                     self.report.problems.append(f"{where}: {state} with attempts [{causes}], expected FAILED after "
-                                                f"{1 + p.max_retries} attempts exiting with 3 ({job.diagnostics})")
+                                                f"{1 + p.max_retries} counted failures exiting with 3 "
+                                                f"({job.diagnostics})")
             elif job.state != pb.JOB_KILLED or job.failures:
                 self.report.problems.append(f"{where}: {state} with {job.failures} failures, expected KILLED")
 

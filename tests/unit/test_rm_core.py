@@ -274,3 +274,32 @@ def test_an_unreachable_agent_gets_no_am_and_costs_the_job_nothing() -> None:
             break
         (attempt,) = launched(core)
     assert j.state is JobState.FAILED and "could not start the AM" in j.diagnostics
+
+
+def test_a_grant_whose_reply_died_with_the_rm_is_offered_again() -> None:
+    # The RM granted n2 and stored it, then died before the reply reached the AM. The restarted RM offers the
+    # grant again on the AM's next call (the AM uses it or releases it): a grant nobody knows of would hold
+    # its GPUs forever.
+    core = cluster(2)
+    job = started_job(core, gpus=8)
+    (g,) = core.allocate(job, 1, 0, [Ask(gpus=8, node_id="n2")], [], [], 2.0).grants
+    store = MemoryStore()
+    store.save(core.jobs.values(), core.containers.values(), core.cluster.nodes.values(), core.meta())
+    snap = store.load()
+    again = RMCore()
+    again.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, now=10.0)
+    r = again.allocate(job, 1, 0, [Ask(gpus=8, node_id="n2")], [], [], 11.0)       # the AM never saw response 1
+    assert [x.container_id for x in r.grants] == [g.container_id]
+    assert again.cluster.free("n2") == 0                                           # granted once, not twice
+    r = again.allocate(job, 1, r.response_id, [], [g.container_id], [], 12.0)      # the AM lets it go
+    assert again.cluster.free("n2") == 8
+
+
+def test_a_finished_job_frees_grants_that_never_started_at_once() -> None:
+    core = cluster(2)
+    job = started_job(core, gpus=8)
+    (g,) = core.allocate(job, 1, 0, [Ask(gpus=8, node_id="n2")], [], [], 2.0).grants
+    core.kill(job, "alice", "no longer needed", 3.0)
+    assert core.cluster.free("n2") == 8
+    assert core.containers[g.container_id].exit.kind is ExitKind.RELEASED
+    assert any(o.container_id == g.container_id for o in core.take_stops("n2", 3.1))  # a racing start is refused
