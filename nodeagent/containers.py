@@ -91,6 +91,7 @@ def now_ms() -> int:
 HANDSHAKE_TIMEOUT_S = 30.0
 LAUNCHER_LINGER_S = 2.0    # after SIGKILL to the command: how long the launcher may take to record its exit
 KILL_POLL_S = 0.05
+UNREPORTED_ENDS_MS = 24 * 3600 * 1000   # ends older than this are not reported again after an agent restart
 
 
 class ContainerSupervisor:
@@ -213,9 +214,21 @@ class ContainerSupervisor:
         except FileNotFoundError:
             return []
         adopted = []
+        recent_ms = int(time.time() * 1000) - UNREPORTED_ENDS_MS
         for cdir in dirs:
             rec = read_record(cdir)
-            if rec is None or rec.terminal or rec.container_id in self._records:
+            if rec is None or rec.container_id in self._records:
+                continue
+            if rec.terminal:
+                if not rec.reported and rec.end_ms >= recent_ms:
+                    # It ended before the previous agent process could tell an RM (the RM was down, or the
+                    # agent died first): owed to the RM still, or its grant would wait out a timeout.
+                    self._records[rec.container_id] = rec
+                    ended = self._ended[rec.container_id] = asyncio.Event()
+                    ended.set()
+                    log.info("container %s (job %s): ended (%s) before its end was reported; reporting it",
+                             rec.container_id, rec.job_id, rec.diagnostics or "no diagnostics")
+                    self._changed(rec)
                 continue
             self._records[rec.container_id] = rec
             self._ended[rec.container_id] = asyncio.Event()
@@ -530,6 +543,8 @@ class ContainerSupervisor:
         rec = self._records.get(container_id)
         if rec is None or rec.live:
             return False
+        rec.reported = True
+        self._persist(rec)              # so a restarted agent does not report it again
         del self._records[container_id]
         self._ended.pop(container_id, None)
         return True

@@ -57,6 +57,7 @@ class ContainerRecord:
     shim_start: int = 0           # its start time (/proc/<pid>/stat), so a reused pid is never adopted
     cgroup: str = ""              # the container's cgroup v2 directory, "" without one
     version: int = 0              # bumped on every change; the heartbeat's pending set compares it
+    reported: bool = False        # its end reached an RM (acknowledged): a restarted agent need not report it
 
     @property
     def terminal(self) -> bool:

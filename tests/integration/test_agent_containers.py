@@ -206,3 +206,28 @@ async def test_stop_all(sup: ContainerSupervisor) -> None:
     assert {r.container_id for r in ended} == {"c-all0", "c-all1", "c-all2"}
     assert all(r.state == pb.CONTAINER_EXITED and r.stopped for r in recs)
     assert not any(pid_alive(r.pid) for r in recs)
+
+
+async def test_an_end_no_rm_acknowledged_is_reported_again_by_the_next_agent_process(tmp_path: Path) -> None:
+    # The container ended while the agent could not reach the RM, then the agent died: the next agent process
+    # must still report that end (adoption alone would skip a record that is already terminal).
+    def supervisor() -> ContainerSupervisor:
+        return ContainerSupervisor("node-a", tmp_path / "state", stop_grace_s=1.0,
+                                   agent_env={"PATH": os.environ["PATH"]})
+
+    first = supervisor()
+    first.open()
+    rec = await run_to_end(first, "c-owed", ["/bin/sh", "-c", "exit 4"])
+    assert rec.exit_code == 4
+    await first.close()
+    second = supervisor()
+    second.open()
+    owed = second.record("c-owed")
+    assert owed is not None and owed.state == pb.CONTAINER_EXITED and owed.exit_code == 4
+    assert "c-owed" in [r.container_id for r in second.records()]          # registration carries it
+    assert second.forget("c-owed")                                         # the RM acknowledged it
+    await second.close()
+    third = supervisor()
+    third.open()
+    assert third.record("c-owed") is None                                   # not reported a third time
+    await third.close()
