@@ -167,7 +167,9 @@ class AMRunner:
                 for g in resp.grants:
                     master.on_grant(held_from_grant(g), now)
                 for s in resp.completed:
-                    master.on_ended(ended_from_status(s), now)
+                    ended = ended_from_status(s)
+                    log.info("container %s ended: %s", s.container_id, ended.describe())
+                    master.on_ended(ended, now)
                 if resp.preemption.container_ids:
                     grace = max(0.0, resp.preemption.deadline_ms / 1000 - now)
                     master.on_preempted(resp.preemption.container_ids, grace, now)
