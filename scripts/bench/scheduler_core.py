@@ -13,6 +13,7 @@ from sortedcontainers import SortedList
 from gpurm.queues.config import parse_queues
 from gpurm.queues.fairshare import compute_shares
 from gpurm.rm.cluster import Cluster, GpuRecord, Node
+from gpurm.rm.priority import Standing
 from gpurm.rm.queuebook import QueueBook
 from gpurm.rm.scheduler import App, Ask, Scheduler
 
@@ -46,7 +47,7 @@ def make_apps(rng: random.Random, jobs: int, leaves: list[str], node_ids: list[s
         # As AMs ask: specific servers picked from their (possibly stale) view.
         asks = [Ask(gpus=per, node_id=rng.choice(node_ids)) for _ in range(count)]
         apps.append(App(f"job-{j}", rng.choice(leaves), f"user{j % 200}", j, asks,
-                        attained_gpu_s=rng.random() * 1e5))
+                        standing=Standing(f"job-{j}", j, gpus, attained_gpu_s=rng.random() * 1e5)))
     return apps
 
 
