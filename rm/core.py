@@ -190,6 +190,7 @@ class AppState:
     last_response: AllocateResult | None = None
     pending_grants: list[Grant] = field(default_factory=list)
     completed: list[Container] = field(default_factory=list)
+    delivered: set[str] = field(default_factory=set)   # ends this AM has been sent
     preempt_ids: list[str] = field(default_factory=list)
     preempt_deadline: float = 0.0
     preempt_reason: str = ""
@@ -445,10 +446,9 @@ class RMCore:
             # The AM of a job that finished normally exits by itself; everything else is stopped now.
             if c.kind is ContainerKind.AM and job.final_reported:
                 continue
+            # A grant not yet seen running may be starting right now (the AM launches before the agent says
+            # so): its GPUs stay held until the agent reports it, or the start timeout takes it back.
             self._order_stop(c, self.settings.kill_grace_s, diagnostics or state.name.lower())
-            if self._never_started(c):
-                # No process to wait for (the stop order refuses a racing start): its GPUs are free now.
-                self._complete(c, ExitStatus(ExitKind.RELEASED, diagnostics="its job ended"), now)
         self._job_changed(job)
 
     @staticmethod
@@ -889,6 +889,11 @@ class RMCore:
             self._release(job, cid, now)
         for report in reports:
             self._apply_attempt(job, report, now)
+        if reports:
+            # A report may name learners this RM did not know of (it restarted before the AM's report reached
+            # it) whose ends it has already seen: those ends are owed to the AM too.
+            queued = {c.container_id for c in app.completed} | app.delivered
+            app.completed += [c for c in self._ended_learners(job) if c.container_id not in queued]
         unseen = [(g.node_id, self.cluster.nodes[g.node_id].rack, len(g.gpu_indices)) for g in app.pending_grants]
         new_asks = subtract_grants(asks, unseen) if asks else []
         if new_asks != app.app.asks and new_asks:
@@ -904,6 +909,7 @@ class RMCore:
         result = AllocateResult(app.response_id, app.pending_grants, app.completed,
                                 kill_requested=job.kill_requested, preempt_ids=app.preempt_ids,
                                 preempt_deadline=app.preempt_deadline, preempt_reason=app.preempt_reason)
+        app.delivered.update(c.container_id for c in app.completed)
         app.pending_grants, app.completed, app.preempt_ids = [], [], []
         app.last_response = result
         return result
@@ -946,6 +952,11 @@ class RMCore:
                     learner.preemptible = c.preemptible
                     node = self.cluster.nodes.get(c.node_id)
                     learner.host = learner.host or (node.host if node else "")
+                    if c.phase is ContainerPhase.COMPLETED:
+                        # The agent's word on how it ended beats the AM's (older) view of it.
+                        learner.state = {ExitKind.FAILED_TO_START: "FAILED_TO_START",
+                                         ExitKind.LOST: "LOST"}.get(c.exit.kind, "EXITED")
+                        learner.exit_code, learner.signal = c.exit.exit_code, c.exit.signal
         job.failures = sum(1 for a in job.attempts if a.counts_as_failure)
         job.preemptions = sum(1 for a in job.attempts if a.failure is FailureKind.PREEMPTED)
         if not job.state.terminal and report.number == len(job.attempts):

@@ -295,11 +295,50 @@ def test_a_grant_whose_reply_died_with_the_rm_is_offered_again() -> None:
     assert again.cluster.free("n2") == 8
 
 
-def test_a_finished_job_frees_grants_that_never_started_at_once() -> None:
-    core = cluster(2)
+def test_a_grant_of_a_finished_job_that_never_starts_is_taken_back_after_the_start_timeout() -> None:
+    # The job ended while a grant was not yet seen running: it may be starting right now, so its GPUs stay
+    # held (a stop order goes out) until the agent reports it or the start timeout runs out.
+    core = cluster(2, settings=RMSettings(heartbeat_interval_s=1.0, missed_beats=1000, container_start_timeout_s=30))
     job = started_job(core, gpus=8)
     (g,) = core.allocate(job, 1, 0, [Ask(gpus=8, node_id="n2")], [], [], 2.0).grants
     core.kill(job, "alice", "no longer needed", 3.0)
+    assert core.cluster.free("n2") == 0
+    assert any(o.container_id == g.container_id for o in core.take_stops("n2", 3.1))
+    core.tick(20.0)
+    assert core.cluster.free("n2") == 0
+    core.tick(40.0)
     assert core.cluster.free("n2") == 8
-    assert core.containers[g.container_id].exit.kind is ExitKind.RELEASED
-    assert any(o.container_id == g.container_id for o in core.take_stops("n2", 3.1))  # a racing start is refused
+    assert core.containers[g.container_id].exit.kind is ExitKind.EXPIRED
+
+
+def test_an_end_seen_before_the_report_naming_its_learner_reaches_the_am() -> None:
+    # The AM launched a learner but its report died with the RM; the restarted RM hears the learner's end from
+    # the agent first, then gets the AM's report (naming the learner) in the AM's first call. The reply to that
+    # very call must carry the end, or the AM waits for it forever.
+    core = cluster(1)
+    job = started_job(core, gpus=4)
+    (g,) = core.allocate(job, 1, 0, [Ask(gpus=4, node_id="n1")], [], [], 2.0).grants
+    core.node_heartbeat("n1", "s1", [running(g.container_id)], 2.1)
+    store = MemoryStore()
+    store.save(core.jobs.values(), core.containers.values(), core.cluster.nodes.values(), core.meta())
+    snap = store.load()
+    again = RMCore()
+    again.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, now=10.0)
+    again.register_node(reg("n1", containers=[exited(g.container_id, 0), running(f"{job}-am1")]), "s1b", 10.5)
+    report = AttemptUpdate(1, JobState.RUNNING, learners=[Learner(0, "n1", [0, 1, 2, 3], g.container_id)])
+    r = again.allocate(job, 1, 1, [], [], [report], 11.0)
+    assert [c.container_id for c in r.completed] == [g.container_id]
+    r = again.allocate(job, 1, r.response_id, [], [], [report], 12.0)
+    assert r.completed == []                                    # sent once
+
+
+def test_the_agents_word_on_a_learners_end_beats_the_ams_older_report() -> None:
+    core = cluster(1)
+    job = started_job(core, gpus=4)
+    (g,) = core.allocate(job, 1, 0, [Ask(gpus=4, node_id="n1")], [], [], 2.0).grants
+    core.node_heartbeat("n1", "s1", [running(g.container_id)], 2.1)
+    core.node_heartbeat("n1", "s1", [ContainerReport(g.container_id, "EXITED", signal=15, stopped=True)], 3.0)
+    stale = Learner(0, "n1", [0, 1, 2, 3], g.container_id, state="EXITED")       # the AM knew no signal
+    core.allocate(job, 1, 1, [], [], [AttemptUpdate(1, JobState.KILLED, learners=[stale])], 3.1)
+    (learner,) = core.jobs[job].attempts[-1].learners
+    assert (learner.state, learner.signal) == ("EXITED", 15)
