@@ -109,7 +109,9 @@ class DevCluster:
                 "state_dir": str(adir),
                 "gpus": {"fake": a.gpus_per_node, "model": "H100-80GB", "memory_mib": 81559,
                          "nvlink_islands": a.nvlink_islands},
-                "containers": {"stop_grace": "5s"},
+                # One machine, one person: every job runs as whoever started the dev cluster (a real node
+                # runs a job as its submitter, which needs that account on the node).
+                "containers": {"stop_grace": "5s", "run_as": "agent"},
             }
             path = adir / "agent.yaml"
             path.write_text(yaml.safe_dump(cfg, sort_keys=False))

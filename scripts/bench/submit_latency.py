@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
-import os
 import signal
 import socket
 import statistics
@@ -73,7 +73,7 @@ def main() -> int:
             time.sleep(0.1)
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         client = pbg.ClientStub(channel)
-        md = (("x-gpurm-user", os.environ.get("USER", "bench")),)
+        md = (("x-gpurm-user", getpass.getuser()),)
         limits = raw_limits(client)
         results: dict[int, dict[str, list[float]]] = {}
         for gpus in (1, 16):
