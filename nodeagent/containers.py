@@ -40,7 +40,7 @@ from gpurm.nodeagent.launch import (
     write_launch_spec,
 )
 from gpurm.nodeagent.logfiles import read_range
-from gpurm.nodeagent.procgroup import MARKER_ENV, container_processes, same_process, start_time
+from gpurm.nodeagent.procgroup import MARKER_ENV, container_processes, same_process, start_time, wait_gone
 from gpurm.nodeagent.records import (
     LOG_FILE,
     RECORD_FILE,
@@ -452,16 +452,7 @@ class ContainerSupervisor:
         self._ended[cid].set()
 
     async def _wait_members_gone(self, rec: ContainerRecord, timeout_s: float) -> bool:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        poll_s = 0.01
-        while self._members(rec):
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            await asyncio.sleep(min(poll_s, left))
-            poll_s = min(poll_s * 1.5, 0.2)  # a /proc scan costs: poll fast at first, then back off
-        return True
+        return await wait_gone(lambda: self._members(rec), timeout_s)
 
     async def _kill_all(self, rec: ContainerRecord, timeout_s: float = 10.0) -> bool:
         """SIGKILL every process of the container until none is left (one may fork while we kill). The

@@ -9,7 +9,6 @@ exit.json), so the agent can be killed or upgraded under running containers and 
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import os
 import select
@@ -128,17 +127,6 @@ def read_exit(cdir: Path) -> int | None:
         return int(json.loads((cdir / EXIT_FILE).read_text())["returncode"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def describe_exec_error(exc: OSError, program: str) -> str:
-    """One line saying why `program` could not be started."""
-    if exc.errno == errno.ENOENT:
-        return f"cannot start {program!r}: command not found"
-    if exc.errno in (errno.EACCES, errno.EPERM):
-        return f"cannot start {program!r}: permission denied"
-    if exc.errno == errno.ENOEXEC:
-        return f"cannot start {program!r}: not an executable format"
-    return f"cannot start {program!r}: {exc.strerror or exc}"
 
 
 async def wait_for_exit(proc: subprocess.Popen[bytes]) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from gpurm.nodeagent.cgroups import cgroup_pids
@@ -81,18 +82,23 @@ def signal_group(pgid: int, sig: signal.Signals) -> bool:
     return True
 
 
-async def wait_group_gone(pgid: int, timeout_s: float) -> bool:
-    """Wait until no live process is left in the group; False on timeout."""
+async def wait_gone(members: Callable[[], Collection[int]], timeout_s: float) -> bool:
+    """Wait until `members()` (a /proc scan) finds no live process; False on timeout."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     poll_s = 0.01
-    while group_members(pgid):
+    while members():
         left = deadline - loop.time()
         if left <= 0:
             return False
         await asyncio.sleep(min(poll_s, left))
         poll_s = min(poll_s * 1.5, 0.2)  # a /proc scan costs: poll fast at first, then back off
     return True
+
+
+async def wait_group_gone(pgid: int, timeout_s: float) -> bool:
+    """Wait until no live process is left in the group; False on timeout."""
+    return await wait_gone(lambda: group_members(pgid), timeout_s)
 
 
 async def kill_group(pgid: int, timeout_s: float = 5.0) -> bool:

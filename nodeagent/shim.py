@@ -48,10 +48,11 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _describe(exc: OSError, program: str, cwd: str) -> str:
-    if exc.errno == errno.ENOENT and exc.filename == cwd:
+def describe_exec_error(exc: OSError, program: str, cwd: str = "") -> str:
+    """One line saying why `program` (to run in `cwd`) could not be started."""
+    if exc.errno == errno.ENOENT and cwd and exc.filename == cwd:
         return f"cannot start: workdir {cwd} does not exist"
-    if exc.errno in (errno.EACCES, errno.EPERM) and exc.filename == cwd:
+    if exc.errno in (errno.EACCES, errno.EPERM) and cwd and exc.filename == cwd:
         return f"cannot start: workdir {cwd} is not accessible to the container's user"
     if exc.errno == errno.ENOENT:
         return f"cannot start {program!r}: command not found"
@@ -82,7 +83,7 @@ def run(cdir: Path, handshake_fd: int) -> int:
             argv, env=spec["env"], cwd=spec["cwd"], stdin=subprocess.DEVNULL, stdout=w, stderr=w,
             close_fds=True, user=spec.get("uid"), group=spec.get("gid"), extra_groups=spec.get("groups"))
     except OSError as exc:
-        answer.update(error=_describe(exc, argv[0] if argv else "", spec["cwd"]), errno=exc.errno or 0)
+        answer.update(error=describe_exec_error(exc, argv[0] if argv else "", spec["cwd"]), errno=exc.errno or 0)
         os.write(handshake_fd, (json.dumps(answer) + "\n").encode())
         return 127
     finally:

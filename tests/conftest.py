@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,38 +43,37 @@ def port() -> int:
     return free_port()
 
 
-@pytest.fixture(scope="session")
-def mqtt_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real broker for the session: mosquitto where the binary exists, else the embedded amqtt broker.
-
-    Never the machine's own mosquitto on 1883: tests start their own on a free port.
-    """
+@contextlib.contextmanager
+def run_broker(workdir: Path) -> Iterator[str]:
+    """A real broker on a free port until the block ends: mosquitto where the binary exists, else the embedded
+    amqtt broker. Never the machine's own mosquitto on 1883."""
     binary = shutil.which("mosquitto") or ("/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None)
-    p = free_port()
-    workdir = tmp_path_factory.mktemp("mosquitto")
+    port = free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
     if binary:
         conf = workdir / "mosquitto.conf"
-        conf.write_text(f"listener {p} 127.0.0.1\nallow_anonymous true\npersistence false\n")
-        proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL,
-                                stderr=open(workdir / "mosquitto.log", "wb"))  # noqa: SIM115
+        conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+        argv = [binary, "-c", str(conf)]
     else:
-        import sys
-
-        code = (
-            "import asyncio,sys\n"
-            "from gpurm.rm.broker import EmbeddedBroker\n"
-            "async def main():\n"
-            f"    b = EmbeddedBroker('127.0.0.1', {p}); await b.start(); await asyncio.Event().wait()\n"
-            "asyncio.run(main())\n"
-        )
-        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
-                                stderr=open(workdir / "amqtt.log", "wb"))  # noqa: SIM115
+        argv = [sys.executable, "-c", "import asyncio\nfrom gpurm.rm.broker import EmbeddedBroker\n"
+                "async def main():\n"
+                f"    b = EmbeddedBroker('127.0.0.1', {port}); await b.start(); await asyncio.Event().wait()\n"
+                "asyncio.run(main())\n"]
+    with (workdir / "broker.log").open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=out)
     try:
-        wait_port(p)
-        yield f"mqtt://127.0.0.1:{p}"
+        wait_port(port)
+        yield f"mqtt://127.0.0.1:{port}"
     finally:
         proc.terminate()
         try:
             proc.wait(5)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="session")
+def mqtt_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real broker for the session (see run_broker)."""
+    with run_broker(tmp_path_factory.mktemp("broker")) as url:
+        yield url

@@ -22,18 +22,17 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
 from gpurm.proto import gpurm_pb2 as pb
-from tests.conftest import free_port, wait_port
+from tests.conftest import run_broker
 from tests.integration.harness import alive
 from tests.integration.rmproc import TERMINAL, AgentProcess, RMProcess, kill_group
 
@@ -89,34 +88,6 @@ def plan_jobs(n: int, seed: int) -> list[JobPlan]:
         else:
             plans.append(JobPlan(i, "ok", gpus, f"sleep {rng.uniform(2, 8):.1f}", max_retries=3))
     return plans
-
-
-@contextlib.contextmanager
-def broker(workdir: Path) -> Iterator[str]:
-    """mosquitto on a free port where the binary exists, else the embedded amqtt broker (as tests/conftest.py)."""
-    binary = shutil.which("mosquitto") or ("/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None)
-    port = free_port()
-    workdir.mkdir(parents=True, exist_ok=True)
-    if binary:
-        conf = workdir / "mosquitto.conf"
-        conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
-        argv = [binary, "-c", str(conf)]
-    else:
-        argv = [sys.executable, "-c", "import asyncio\nfrom gpurm.rm.broker import EmbeddedBroker\n"
-                "async def main():\n"
-                f"    b = EmbeddedBroker('127.0.0.1', {port}); await b.start(); await asyncio.Event().wait()\n"
-                "asyncio.run(main())\n"]
-    with (workdir / "broker.log").open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=out)
-    try:
-        wait_port(port)
-        yield f"mqtt://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 class Chaos:
@@ -361,7 +332,7 @@ def main() -> int:
 
     old = signal.getsignal(signal.SIGINT)
     try:
-        with broker(workdir / "broker") as url:
+        with run_broker(workdir / "broker") as url:
             chaos = Chaos(workdir, url, args.jobs, args.seed, say)
             report = chaos.run(timeout=args.timeout or 120 + 4 * args.jobs)
     finally:

@@ -8,9 +8,10 @@ import sys
 import pytest
 
 from gpurm.nodeagent.backoff import Backoff
-from gpurm.nodeagent.launch import container_argv, container_env, describe_exec_error
+from gpurm.nodeagent.launch import container_argv, container_env
 from gpurm.nodeagent.ports import PortReserver
 from gpurm.nodeagent.records import ContainerRecord, safe_container_id
+from gpurm.nodeagent.shim import describe_exec_error
 from gpurm.proto import gpurm_pb2 as pb
 
 

@@ -49,6 +49,16 @@ def exited(cid: str, code: int = 0, stopped: bool = False) -> ContainerReport:
     return ContainerReport(cid, "EXITED", exit_code=code, stopped=stopped)
 
 
+def restarted(core: RMCore, now: float) -> RMCore:
+    """A new RM restored from what `core` stored (an RM restart)."""
+    store = MemoryStore()
+    store.save(core.jobs.values(), core.containers.values(), core.cluster.nodes.values(), core.meta())
+    snap = store.load()
+    again = RMCore()
+    again.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, now=now)
+    return again
+
+
 def started_job(core: RMCore, gpus: int = 8, now: float = 1.0) -> str:
     """Submit a job, bring its AM up and register it; return the job id."""
     job = core.submit(JobSpec(gpus=gpus, command=["x"]), "alice", now)
@@ -219,11 +229,7 @@ def test_restore_from_the_store_keeps_jobs_allocations_and_counters() -> None:
     core = cluster(2)
     job = started_job(core, gpus=8)
     (g,) = core.allocate(job, 1, 0, [Ask(gpus=8, node_id="n2")], [], [], 2.0).grants
-    store = MemoryStore()
-    store.save(core.jobs.values(), core.containers.values(), core.cluster.nodes.values(), core.meta())
-    snap = store.load()
-    again = RMCore()
-    again.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, now=100.0)
+    again = restarted(core, now=100.0)
     assert again.jobs[job].state is JobState.ALLOCATING
     assert again.cluster.free("n2") == 0 and again.cluster.nodes["n2"].allocated[0] == g.container_id
     assert again.submit(JobSpec(gpus=1, command=["x"]), "a", 101.0).job_id == "job-2"
@@ -239,11 +245,7 @@ def test_an_end_reported_before_the_am_returns_after_a_restart_is_delivered() ->
     core.node_heartbeat("n1", "s1", [running(g.container_id)], 2.1)
     core.allocate(job, 1, 1, [], [], [AttemptUpdate(1, JobState.RUNNING,
                                                     learners=[Learner(0, "n1", [0, 1, 2, 3], g.container_id)])], 2.2)
-    store = MemoryStore()
-    store.save(core.jobs.values(), core.containers.values(), core.cluster.nodes.values(), core.meta())
-    snap = store.load()
-    again = RMCore()
-    again.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, now=10.0)
+    again = restarted(core, now=10.0)
     # The agent re-registers first, carrying the learner's end; the AM has not called the new RM yet.
     again.register_node(reg("n1", containers=[exited(g.container_id, 7), running(f"{job}-am1")]), "s1b", 10.5)
     r = again.allocate(job, 1, 2, [], [], [], 11.0)
@@ -283,11 +285,7 @@ def test_a_grant_whose_reply_died_with_the_rm_is_offered_again() -> None:
     core = cluster(2)
     job = started_job(core, gpus=8)
     (g,) = core.allocate(job, 1, 0, [Ask(gpus=8, node_id="n2")], [], [], 2.0).grants
-    store = MemoryStore()
-    store.save(core.jobs.values(), core.containers.values(), core.cluster.nodes.values(), core.meta())
-    snap = store.load()
-    again = RMCore()
-    again.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, now=10.0)
+    again = restarted(core, now=10.0)
     r = again.allocate(job, 1, 0, [Ask(gpus=8, node_id="n2")], [], [], 11.0)       # the AM never saw response 1
     assert [x.container_id for x in r.grants] == [g.container_id]
     assert again.cluster.free("n2") == 0                                           # granted once, not twice
@@ -319,11 +317,7 @@ def test_an_end_seen_before_the_report_naming_its_learner_reaches_the_am() -> No
     job = started_job(core, gpus=4)
     (g,) = core.allocate(job, 1, 0, [Ask(gpus=4, node_id="n1")], [], [], 2.0).grants
     core.node_heartbeat("n1", "s1", [running(g.container_id)], 2.1)
-    store = MemoryStore()
-    store.save(core.jobs.values(), core.containers.values(), core.cluster.nodes.values(), core.meta())
-    snap = store.load()
-    again = RMCore()
-    again.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, now=10.0)
+    again = restarted(core, now=10.0)
     again.register_node(reg("n1", containers=[exited(g.container_id, 0), running(f"{job}-am1")]), "s1b", 10.5)
     report = AttemptUpdate(1, JobState.RUNNING, learners=[Learner(0, "n1", [0, 1, 2, 3], g.container_id)])
     r = again.allocate(job, 1, 1, [], [], [report], 11.0)
