@@ -331,6 +331,12 @@ class Master:
                     self.releases.append(cid)
         self.step(now)
 
+    def on_room(self, now: float) -> None:
+        """The RM says GPUs wait for this job (idle, or freed for it by preemption): a back-off ends now."""
+        if self.phase is Phase.BACKOFF and self.backoff_until > now:
+            self.backoff_until = now
+            self.step(now)
+
     def on_kill(self, reason: str, now: float) -> None:
         if self.final is not None:
             return

@@ -96,7 +96,7 @@ class View:
     def updated(self, changed: Iterable[ServerView]) -> View:
         """A new View: this one with some servers replaced (same node ids, same order), the aggregates updated
         from the changes alone. Equal to building a View from the resulting server list."""
-        new = View.__new__(View)
+        new = View(())                  # the aggregates of no servers (cheap), replaced below
         servers = list(self.servers)
         free_on = dict(self.free_on)
         domain_free = dict(self._domain_free)

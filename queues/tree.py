@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from gpurm.queues.fairshare import ShareNode
 
@@ -42,6 +41,16 @@ class QueueDef:
     preemption: PreemptionSettings = field(default_factory=PreemptionSettings)
     children: list[QueueDef] = field(default_factory=list)
     parent: QueueDef | None = field(default=None, repr=False, compare=False)
+    # The effective_* values, computed when first asked: a tree is never changed once built (a refresh builds a
+    # new one). Plain fields, not functools.cached_property: that does not cache in a class compiled by mypyc.
+    _preemptible: bool | None = field(default=None, init=False, repr=False, compare=False)
+    _policy: Policy | None = field(default=None, init=False, repr=False, compare=False)
+    _submit: set[str] | None = field(default=None, init=False, repr=False, compare=False)
+    _admin: set[str] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Set here as well: mypyc leaves a compiled dataclass's init=False fields unset.
+        self._preemptible = self._policy = self._submit = self._admin = None
 
     @property
     def leaf(self) -> bool:
@@ -59,18 +68,18 @@ class QueueDef:
             yield q
             q = q.parent
 
-    # The effective_* values are cached: a tree is never changed once built (a refresh builds a new one).
-    @cached_property
+    @property
     def effective_preemptible(self) -> bool:
         # A queue is preemptible only if it and every ancestor allow it.
-        return all(q.preemptible is not False for q in self.ancestry())
+        if self._preemptible is None:
+            self._preemptible = all(q.preemptible is not False for q in self.ancestry())
+        return self._preemptible
 
-    @cached_property
+    @property
     def effective_policy(self) -> Policy:
-        for q in self.ancestry():
-            if q.policy is not None:
-                return q.policy
-        return Policy.FIFO
+        if self._policy is None:
+            self._policy = next((q.policy for q in self.ancestry() if q.policy is not None), Policy.FIFO)
+        return self._policy
 
     def _acl(self, attr: str) -> set[str] | None:
         entries: set[str] = set()
@@ -82,15 +91,19 @@ class QueueDef:
                 entries |= set(acl)
         return entries if any_set else None
 
-    @cached_property
+    @property
     def effective_submit(self) -> set[str]:
         """Who may submit: the union of the ACLs on the path (inherited downward); nobody set one = everyone."""
-        acl = self._acl("submit_acl")
-        return {EVERYONE} if acl is None else acl
+        if self._submit is None:
+            acl = self._acl("submit_acl")
+            self._submit = {EVERYONE} if acl is None else acl
+        return self._submit
 
-    @cached_property
+    @property
     def effective_admin(self) -> set[str]:
-        return self._acl("admin_acl") or set()
+        if self._admin is None:
+            self._admin = self._acl("admin_acl") or set()
+        return self._admin
 
 
 def acl_allows(acl: Iterable[str], user: str, groups: Iterable[str]) -> bool:
@@ -115,10 +128,8 @@ class QueueTree:
             for c in q.children:
                 c.parent = q
                 stack.append(c)
-
-    @cached_property
-    def leaves(self) -> list[QueueDef]:
-        return sorted((q for q in self.by_path.values() if q.leaf and q is not self.root), key=lambda q: q.path)
+        self.leaves: list[QueueDef] = sorted(
+            (q for q in self.by_path.values() if q.leaf and q is not self.root), key=lambda q: q.path)
 
     def walk(self) -> list[QueueDef]:
         """Every queue, depth first, children in path order (the order `gpurm queues` prints)."""

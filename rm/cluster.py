@@ -151,6 +151,7 @@ class Cluster:
         self.version = 0
         self.changed: set[str] = set()   # node ids changed since the view was last published
         self._capacity: int | None = None  # cached; node, state and health changes reset it
+        self.shape_version = 0             # counts node, state and health changes (what servers offer, and where)
         self.releases = 0                  # counts GPU releases (and nodes coming up): "something came free"
 
     # -- index upkeep
@@ -189,6 +190,7 @@ class Cluster:
         node.islands = nvlink_islands(node.gpus.values())
         self.nodes[node.node_id] = node
         self._capacity = None
+        self.shape_version += 1
         self.releases += 1
         self._reindex(node)
 
@@ -197,6 +199,7 @@ class Cluster:
         if node.state is not state:
             node.state = state
             self._capacity = None
+            self.shape_version += 1
             if node.offering:
                 self.releases += 1        # its free GPUs are on offer again
             self._reindex(node)
@@ -207,6 +210,7 @@ class Cluster:
         if gpu is not None and (gpu.healthy, gpu.health_reason) != (healthy, reason):
             gpu.healthy, gpu.health_reason = healthy, reason
             self._capacity = None
+            self.shape_version += 1
             if healthy:
                 self.releases += 1
             self._reindex(node)

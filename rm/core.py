@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
 
-from gpurm.queues.tree import QueueTree, acl_allows, default_tree
+from gpurm.queues.tree import Policy, QueueTree, acl_allows, default_tree
 from gpurm.rm import preemption, priority
 from gpurm.rm.cluster import Cluster, GpuRecord, Node, NodeState
 from gpurm.rm.jobspec import JobSpec
@@ -79,7 +79,7 @@ class RMSettings:
     allocate_interval_s: float = 0.5
     token_ttl_s: float = 24 * 3600.0
     inqueue_preemption: bool = False      # las / srtf preempt inside a queue (Tiresias); the simulator turns it on
-    inqueue_min_run_s: float = 60.0       # a job runs at least this long before a same-queue job may preempt it
+    inqueue_min_run_s: float = 300.0      # a job runs at least this long before a same-queue job may preempt it
 
 
 # ---------------------------------------------------------------- effects for the shell
@@ -176,6 +176,7 @@ class AllocateResult:
     preempt_ids: list[str] = field(default_factory=list)
     preempt_deadline: float = 0.0
     preempt_reason: str = ""
+    plan_now: bool = False        # GPUs wait for it (idle, or freed for it by in-queue preemption): end a back-off
 
 
 @dataclass
@@ -223,6 +224,9 @@ class RMCore:
         self.needs_am: dict[str, SortedList] = {}
         self.live_ams: dict[str, dict[str, None]] = {}  # node -> its live AM containers
         self.with_am: dict[str, None] = {}        # unfinished jobs whose AM container lives (ordered: determinism)
+        self.with_am_by_queue: dict[str, dict[str, None]] = {}   # the same, per queue
+        self.learners_live: dict[str, int] = {}   # job id -> how many live learner containers it has (if any)
+        self.preempting: dict[str, None] = {}     # live containers under a preemption deadline
         self.asking: dict[str, AppState] = {}     # apps with outstanding asks: what a scheduling pass looks at
         # A full scheduling pass is due when GPUs came free or nodes / limits changed; otherwise only apps whose
         # asks changed can be granted anything, and a pass looks at those alone.
@@ -234,6 +238,9 @@ class RMCore:
         # counting as reclaimed, so the queue's starvation is not answered a second time meanwhile.
         self.reclaimed: dict[str, list[tuple[int, float]]] = {}
         self.reclaiming_live: dict[str, int] = {}   # GPUs of live containers under a preemption deadline, per queue
+        # Jobs in-queue preemption found GPUs for (idle ones, or ones it frees): their next allocate reply says to
+        # plan now, as an AM backing off would otherwise leave them idle for minutes.
+        self.nudged: dict[str, None] = {}
         self.apps: dict[str, AppState] = {}
         self._next_preempt_check = 0.0
         self.next_job_seq = 1
@@ -248,7 +255,13 @@ class RMCore:
         # started live learners, dropped whenever one of its containers starts, is added or ends; and the Standing
         # of a job that runs nothing, which only changes with its attained service and idle time.
         self._runs: dict[str, tuple[tuple[int, float], ...]] = {}
-        self._idle_standing: dict[str, tuple[tuple[float, float, float], priority.Standing]] = {}
+        self._idle_standing: dict[str, tuple[tuple[float, float, float, float], priority.Standing]] = {}
+        self._idle_rank: dict[str, tuple[Policy, priority.Standing, tuple[float, float, int], float]] = {}
+        # Queues whose in-queue ranks cannot call for a preemption before the given time unless one of their jobs
+        # changes (an AM comes or goes, learners come, start or go, a job is preempted): see preempt_in_queue.
+        self._inqueue_quiet: dict[str, float] = {}
+        self._rooms_cache: tuple[int, list[tuple[str, str, int]]] | None = None
+        self._run_rank: dict[str, tuple[tuple[tuple[int, float], ...], Policy, tuple[float, float], float, float]] = {}
 
     # ------------------------------------------------------------ bookkeeping helpers
 
@@ -296,17 +309,37 @@ class RMCore:
             self._index_live(c)
         self._container_changed(c)
 
+    def _runs_changed(self, job_id: str) -> None:
+        """A job's learners came, started or went: drop its cached runs, and look at its queue's in-queue ranks
+        again (see preempt_in_queue)."""
+        self._runs.pop(job_id, None)
+        self._idle_rank.pop(job_id, None)     # its service, idle time or promotion may be about to change
+        job = self.jobs.get(job_id)
+        if job is not None:
+            self._inqueue_quiet.pop(job.queue, None)
+
     def _index_live(self, c: Container) -> None:
-        self._runs.pop(c.job_id, None)
+        self._runs_changed(c.job_id)
+        if c.kind is ContainerKind.LEARNER and c.container_id not in self.live:
+            self.learners_live[c.job_id] = self.learners_live.get(c.job_id, 0) + 1
         self.live[c.container_id] = c
         self.live_by_job.setdefault(c.job_id, {})[c.container_id] = c
+        if c.preempt_deadline:
+            self.preempting[c.container_id] = None
         if c.kind is ContainerKind.LEARNER and c.phase is ContainerPhase.ALLOCATED:
             self.unstarted[c.container_id] = None
         if c.kind is ContainerKind.AM:
             self.live_ams.setdefault(c.node_id, {})[c.container_id] = None
 
     def _unindex_live(self, c: Container) -> None:
-        self._runs.pop(c.job_id, None)
+        self._runs_changed(c.job_id)
+        self.preempting.pop(c.container_id, None)
+        if c.kind is ContainerKind.LEARNER and c.container_id in self.live:
+            left = self.learners_live.get(c.job_id, 0) - 1
+            if left > 0:
+                self.learners_live[c.job_id] = left
+            else:
+                self.learners_live.pop(c.job_id, None)
         self.live.pop(c.container_id, None)
         self.unstarted.pop(c.container_id, None)
         if c.kind is ContainerKind.AM:
@@ -316,6 +349,17 @@ class RMCore:
             mine.pop(c.container_id, None)
             if not mine:
                 del self.live_by_job[c.job_id]
+
+    def _am_up(self, job: Job) -> None:
+        self.with_am[job.job_id] = None
+        self.with_am_by_queue.setdefault(job.queue, {})[job.job_id] = None
+        self._inqueue_quiet.pop(job.queue, None)
+
+    def _am_gone(self, job: Job) -> None:
+        self.with_am.pop(job.job_id, None)
+        self.nudged.pop(job.job_id, None)
+        self.with_am_by_queue.get(job.queue, {}).pop(job.job_id, None)
+        self._inqueue_quiet.pop(job.queue, None)
 
     def _want_am(self, job: Job) -> None:
         key = (0 if job.admitted else 1, job.seq, job.job_id)
@@ -434,10 +478,12 @@ class RMCore:
         job.waiting_reason = ""
         self.queues.want(job.queue, -job.spec.gpus)
         self._idle_standing.pop(job.job_id, None)
+        self._idle_rank.pop(job.job_id, None)
+        self._run_rank.pop(job.job_id, None)
         if job.admitted:
             self.queues.activate(job.queue, -1)
         self._drop_am_wish(job)
-        self.with_am.pop(job.job_id, None)
+        self._am_gone(job)
         app = self.apps.pop(job.job_id, None)
         self.asking.pop(job.job_id, None)
         if app is not None:
@@ -531,7 +577,7 @@ class RMCore:
 
     def _start_am(self, job: Job, node_id: str, now: float) -> None:
         self._drop_am_wish(job)
-        self.with_am[job.job_id] = None
+        self._am_up(job)
         if not job.admitted:
             job.admitted = True
             self.queues.activate(job.queue, 1)
@@ -573,7 +619,7 @@ class RMCore:
     def _am_ended(self, job: Job, c: Container, now: float) -> None:
         if job.am_container == c.container_id:
             job.am_container = ""
-            self.with_am.pop(job.job_id, None)
+            self._am_gone(job)
         self.apps.pop(job.job_id, None)
         self.asking.pop(job.job_id, None)
         if job.state.terminal or job.final_reported:
@@ -695,8 +741,9 @@ class RMCore:
             if r.state == "RUNNING" and c.phase is not ContainerPhase.RUNNING:
                 c.phase = ContainerPhase.RUNNING
                 self.unstarted.pop(c.container_id, None)
+                self._note_run_start(c, now)
                 c.started = now
-                self._runs.pop(c.job_id, None)
+                self._runs_changed(c.job_id)
                 c.pid = r.pid
                 self._container_changed(c)
                 self._update_learner(c)
@@ -712,6 +759,19 @@ class RMCore:
             c.started = now
         self._complete(c, exit_status, now)
         return None
+
+    def _note_run_start(self, c: Container, now: float) -> None:
+        """A job's first learner to start after it ran nothing: if the LAS starvation guard is what let it run,
+        its service counts afresh from here (the promotion sticks; see `priority`)."""
+        job = self.jobs.get(c.job_id)
+        if job is None or c.kind is not ContainerKind.LEARNER or any(
+                x.started for x in self.live_by_job.get(c.job_id, {}).values()
+                if x.kind is ContainerKind.LEARNER and x is not c):
+            return
+        served = job.attained_gpu_s - job.las_base_gpu_s
+        if priority.las_promoted(now, job.idle_since, served, job.spec.gpus):
+            job.las_base_gpu_s = job.attained_gpu_s          # (the standing caches key on it)
+            self.dirty.jobs.add(job.job_id)
 
     def expire_nodes(self, now: float) -> list[str]:
         limit = self.settings.heartbeat_interval_s * self.settings.missed_beats
@@ -787,6 +847,10 @@ class RMCore:
                 app.pending_grants = [g for g in app.pending_grants if g.container_id != c.container_id]
                 if len(app.pending_grants) == before:
                     app.completed.append(c)
+        if c.kind is ContainerKind.LEARNER and c.preempt_deadline and job.state is JobState.RUNNING:
+            # Its gang is broken: the job waits for its next attempt (the AM's report may come later).
+            job.state = JobState.ALLOCATING
+            self._job_changed(job)
         if c.kind is ContainerKind.LEARNER and not any(x.kind is ContainerKind.LEARNER
                                                          for x in self.job_containers(job.job_id)):
             job.idle_since = now
@@ -906,9 +970,12 @@ class RMCore:
         if schedule:
             self.schedule(now)
         app.response_id += 1
+        plan_now = job_id in self.nudged
+        self.nudged.pop(job_id, None)
         result = AllocateResult(app.response_id, app.pending_grants, app.completed,
                                 kill_requested=job.kill_requested, preempt_ids=app.preempt_ids,
-                                preempt_deadline=app.preempt_deadline, preempt_reason=app.preempt_reason)
+                                preempt_deadline=app.preempt_deadline, preempt_reason=app.preempt_reason,
+                                plan_now=plan_now)
         app.delivered.update(c.container_id for c in app.completed)
         app.pending_grants, app.completed, app.preempt_ids = [], [], []
         app.last_response = result
@@ -1103,7 +1170,7 @@ class RMCore:
                    for q in book.tree.leaves):
             return []                      # owed, but nobody has GPUs to spare
         holding = self._holding()
-        busy = {c.job_id for c in self.live.values() if c.preempt_deadline}
+        busy = self._being_preempted()
         candidates = []
         for job_id, held in holding.items():
             job = self.jobs[job_id]
@@ -1132,14 +1199,18 @@ class RMCore:
         if not waiting:
             return []
         revoked: list[str] = []
+        hoarding: dict[str, list[Container]] = {}      # per queue: grants never started (`unstarted` holds them)
+        for cid in self.unstarted:
+            c = self.containers[cid]
+            job = self.jobs[c.job_id]
+            if c.kind is ContainerKind.LEARNER and c.phase is ContainerPhase.ALLOCATED and not c.pid \
+                    and c.job_id in self.apps and job.state is not JobState.RUNNING and not self._launched(c):
+                hoarding.setdefault(job.queue, []).append(c)
         for q in book.tree.leaves:
             excess = book.used.get(q.path, 0) - inst.get(q.path, 0)
             if excess <= 0 or waiting == [q.path]:
                 continue
-            held = [c for app in self.apps.values() if app.app.queue == q.path
-                    for c in self.job_containers(app.app.job_id)
-                    if c.kind is ContainerKind.LEARNER and c.phase is ContainerPhase.ALLOCATED and not c.pid
-                    and self.jobs[c.job_id].state is not JobState.RUNNING and not self._launched(c)]
+            held = hoarding.get(q.path, [])
             for c in sorted(held, key=lambda c: (-c.created, c.container_id)):
                 if excess <= 0:
                     break
@@ -1155,7 +1226,7 @@ class RMCore:
     def _jobs_waiting_with_am(self) -> bool:
         """Whether some job has an AM but runs nothing (it may outrank a running job of its queue, even while its
         AM, seeing no room, asks for nothing)."""
-        holding = {c.job_id for c in self.live.values() if c.kind is ContainerKind.LEARNER}
+        holding = self.learners_live
         return any(j not in holding for j in self.with_am)
 
     def _launched(self, c: Container) -> bool:
@@ -1191,7 +1262,7 @@ class RMCore:
                     at = since + timeout
                     due.append(at if at > now else now + RECHECK_S)   # owed already: look again later
         if any(g > 0 for g in self.reclaiming_live.values()):
-            due.append(min((c.preempt_deadline for c in self.live.values() if c.preempt_deadline is not None),
+            due.append(min((self.containers[cid].preempt_deadline for cid in self.preempting),
                            default=now + RECHECK_S))
         if book.waiting(shares) and self.unstarted:
             due.append(now + HOARD_CHECK_S)      # an incomplete gang holds grants that may be hoarded
@@ -1207,6 +1278,8 @@ class RMCore:
         for c in self.job_containers(job.job_id):
             if c.kind is ContainerKind.LEARNER and not c.preempt_deadline:
                 c.preempt_deadline = deadline
+                self.preempting[c.container_id] = None
+                self._inqueue_quiet.pop(job.queue, None)
                 c.preempted_for = d.beneficiary
                 self.reclaiming_live[d.beneficiary] = self.reclaiming_live.get(d.beneficiary, 0) + c.gpus
                 self._container_changed(c)
@@ -1228,57 +1301,144 @@ class RMCore:
                 if c.kind is ContainerKind.LEARNER and c.started)
         if not runs:
             # Running nothing: its standing does not change with the clock (shared; nobody mutates a Standing).
-            key = (job.attained_gpu_s, job.idle_since, job.expected_gpu_s)
+            key = (job.attained_gpu_s, job.idle_since, job.expected_gpu_s, job.las_base_gpu_s)
             cached = self._idle_standing.get(job.job_id)
             if cached is not None and cached[0] == key:
                 return cached[1]
             attained = job.attained_gpu_s
+            served = attained - job.las_base_gpu_s
             s = priority.Standing(
-                job.job_id, job.seq, job.spec.gpus, attained_gpu_s=attained,
-                executed_s=attained / max(job.spec.gpus, 1), waiting_since=job.idle_since,
+                job.job_id, job.seq, job.spec.gpus, attained_gpu_s=served,
+                executed_s=served / max(job.spec.gpus, 1), waiting_since=job.idle_since,
                 remaining_gpu_s=max(0.0, job.expected_gpu_s - attained), running_since=-1.0)
             self._idle_standing[job.job_id] = (key, s)
             return s
         attained = job.attained_gpu_s + sum(g * (now - started) for g, started in runs)
+        served = attained - job.las_base_gpu_s
         return priority.Standing(
-            job.job_id, job.seq, job.spec.gpus, attained_gpu_s=attained, executed_s=attained / max(job.spec.gpus, 1),
+            job.job_id, job.seq, job.spec.gpus, attained_gpu_s=served, executed_s=served / max(job.spec.gpus, 1),
             waiting_since=job.idle_since, remaining_gpu_s=max(0.0, job.expected_gpu_s - attained),
             running_since=min(started for _, started in runs))
 
+    def _rooms(self) -> list[priority.Room]:
+        """The servers as in-queue preemption sees them (their shapes cached until nodes or health change)."""
+        cluster = self.cluster
+        if self._rooms_cache is None or self._rooms_cache[0] != cluster.shape_version:
+            self._rooms_cache = (cluster.shape_version, [(n.node_id, n.ib_domain or n.rack, n.healthy_gpus)
+                                                         for n in cluster.nodes.values() if n.offering])
+        return [priority.Room(node_id, domain, size, cluster.free(node_id))
+                for node_id, domain, size in self._rooms_cache[1]]
+
+    def _being_preempted(self) -> set[str]:
+        return {self.containers[cid].job_id for cid in self.preempting}
+
+    def _waiting_rank(self, job: Job, policy: Policy) -> tuple[priority.Standing, tuple[float, float, int], float]:
+        """A job running nothing: its Standing, its rank, and when it starts to rank as starved (cached: none of
+        them changes until its learners change, which drops the entry)."""
+        cached = self._idle_rank.get(job.job_id)
+        if cached is not None and cached[0] is policy:
+            return cached[1:]
+        s = self.standing(job, 0.0)
+        key, starve_at = priority.waiting_rank(policy, s)
+        self._idle_rank[job.job_id] = (policy, s, key, starve_at)
+        return s, key, starve_at
+
+    def _running_rank(self, job: Job, policy: Policy, now: float) -> tuple[tuple[float, float], float, float]:
+        """A running job: (its rank without the submit order, the earliest time that may worsen, when its run
+        started; -1 if none started). Cached while its learners stay as they are, until that time. (An srtf rank
+        only improves as the job runs, so an older one is a safe bound.)"""
+        runs = self._runs.get(job.job_id)
+        cached = self._run_rank.get(job.job_id)
+        if cached is not None and runs is not None and cached[0] is runs and cached[1] is policy \
+                and now < cached[3]:
+            return cached[2], cached[3], cached[4]
+        s = self.standing(job, now)
+        if s.running_since < 0:
+            return (0.0, 0.0), float("inf"), -1.0
+        k = priority.rank(policy, now)(s)
+        out = ((k[0], k[1]), priority.rank_changes_at(policy, s, now), s.running_since)
+        self._run_rank[job.job_id] = (self._runs[job.job_id], policy, *out)
+        return out
+
     def preempt_in_queue(self, now: float) -> list[tuple[str, str]]:
         """Tiresias-style: inside a leaf with a preemptive policy (las, srtf), a waiting job that outranks
-        running ones takes their GPUs. Off unless `settings.inqueue_preemption` (the simulator's las / srtf)."""
+        running ones takes their GPUs. Off unless `settings.inqueue_preemption` (the simulator's las / srtf).
+
+        The simulator asks this every half minimum run while jobs wait, so it first narrows each queue down to
+        the waiting jobs that outrank some running job old enough to be preempted; most calls end there."""
         if not self.settings.inqueue_preemption:
             return []
-        busy = {c.job_id for c in self.live.values() if c.preempt_deadline}
-        running_jobs: dict[str, list[Job]] = {}
-        waiting_jobs: dict[str, list[Job]] = {}
-        preemptive: dict[str, bool] = {}      # per queue
-        learner = ContainerKind.LEARNER
-        for job_id in self.with_am:
-            job = self.jobs[job_id]
-            ok = preemptive.get(job.queue)
-            if ok is None:
-                leaf = self.queues.tree.by_path.get(job.queue)
-                ok = preemptive[job.queue] = leaf is not None and priority.preemptive(self.scheduler.policy_of(leaf))
-            if not ok or job_id in busy:
-                continue
-            mine = self.live_by_job.get(job_id)
-            holds = mine is not None and any(c.kind is learner for c in mine.values())
-            (running_jobs if holds else waiting_jobs).setdefault(job.queue, []).append(job)
+        busy = self._being_preempted()
+        min_run = self.settings.inqueue_min_run_s
         idle = self.cluster.free_gpus
-        # Ranks only where they can matter: a queue whose waiting jobs all fit in the idle GPUs takes nothing.
-        waiting = {q: [self.standing(j, now) for j in jobs] for q, jobs in waiting_jobs.items()
-                   if q in running_jobs and sum(j.spec.gpus for j in jobs) > idle}
-        running = {q: [self.standing(j, now) for j in running_jobs[q]] for q in waiting}
+        servers: list[priority.Room] | None = None
         out: list[tuple[str, str]] = []
-        for queue, waits in waiting.items():
-            policy = self.scheduler.policy_of(self.queues.tree.by_path[queue])
-            pairs = priority.in_queue_victims(policy, now, waits, running.get(queue, []), idle,
-                                              self.settings.inqueue_min_run_s)
+        for queue, members in self.with_am_by_queue.items():
+            if not members or self._inqueue_quiet.get(queue, now) > now:
+                continue
+            leaf = self.queues.tree.by_path.get(queue)
+            if leaf is None:
+                continue
+            policy = self.scheduler.policy_of(leaf)
+            if not priority.preemptive(policy):
+                continue
+            run_ids: list[str] = []
+            wait_ids: list[str] = []
+            for job_id in members:
+                if job_id not in busy:
+                    (run_ids if job_id in self.learners_live else wait_ids).append(job_id)
+            # Until when nothing in this queue can change its answer but its jobs' changes (which clear this):
+            # a young job growing old enough to be preempted, a rank crossing a level, a waiting job starving.
+            quiet = float("inf")
+            old_enough: list[str] = []
+            worst: tuple[float, float] | None = None
+            for job_id in run_ids:
+                rank2, changes_at, since = self._running_rank(self.jobs[job_id], policy, now)
+                if since < 0:
+                    continue                 # a gang still being granted: nothing started to preempt
+                quiet = min(quiet, changes_at)
+                if now - since >= min_run:
+                    old_enough.append(job_id)
+                    if worst is None or rank2 > worst:
+                        worst = rank2
+                else:
+                    quiet = min(quiet, since + min_run)
+            candidates: list[priority.Standing] = []
+            for job_id in wait_ids:
+                s, k, starve_at = self._waiting_rank(self.jobs[job_id], policy)
+                if now <= starve_at:
+                    quiet = min(quiet, starve_at)
+                if worst is not None and (priority.STARVED if now > starve_at else k[:2]) < worst:
+                    candidates.append(s)
+            if not candidates:
+                self._inqueue_quiet[queue] = quiet
+                continue
+            if sum(s.gpus for s in candidates) <= idle:
+                for s in candidates:         # they all fit in the idle GPUs: their AMs are told to look now
+                    self.nudged[s.job_id] = None
+                continue
+            running = [self.standing(self.jobs[j], now) for j in old_enough]
+            if servers is None:
+                servers = self._rooms()
+            held: dict[str, dict[str, int]] = {}
+            for r in running:
+                where = held[r.job_id] = {}
+                for c in self.live_by_job.get(r.job_id, {}).values():
+                    if c.kind is ContainerKind.LEARNER:
+                        where[c.node_id] = where.get(c.node_id, 0) + c.gpus
+            levels: dict[str, str] = {}      # each beneficiary's locality level, as its AM last reported it
+            for w in candidates:
+                attempt = self.jobs[w.job_id].current_attempt
+                levels[w.job_id] = attempt.level if attempt is not None else ""
+            fits: list[str] = []
+            pairs = priority.in_queue_victims(policy, now, candidates, running, servers, held, min_run, levels, fits)
+            for job_id in fits:
+                self.nudged[job_id] = None
+            for _, b in pairs:
+                self.nudged[b] = None
             for victim, beneficiary in pairs:
                 d = preemption.Decision(queue, [], f"outranked by {beneficiary} ({policy.value}) in its own queue")
-                self._preempt_job(self.jobs[victim], d, self.queues.tree.by_path[queue].preemption.grace_s, now)
+                self._preempt_job(self.jobs[victim], d, leaf.preemption.grace_s, now)
             out.extend(pairs)
         return out
 
@@ -1342,6 +1502,7 @@ class RMCore:
         self.queues.replace_tree(tree)
         self._rebuild_queue_book()
         self.pass_due = True
+        self._inqueue_quiet.clear()          # policies may have changed
         for app in self.apps.values():
             app.app.queue = self.jobs[app.app.job_id].queue
         return []
@@ -1381,11 +1542,8 @@ class RMCore:
 
     def _holding(self) -> dict[str, list[Container]]:
         """Live learner containers per job (only jobs that hold GPUs)."""
-        out: dict[str, list[Container]] = {}
-        for c in self.live.values():
-            if c.kind is ContainerKind.LEARNER:
-                out.setdefault(c.job_id, []).append(c)
-        return out
+        return {job_id: [c for c in self.live_by_job[job_id].values() if c.kind is ContainerKind.LEARNER]
+                for job_id in self.learners_live}
 
     # ------------------------------------------------------------ persistence
 
@@ -1420,7 +1578,7 @@ class RMCore:
             if job.state.terminal:
                 continue
             if job.am_container and job.am_container in self.live:
-                self.with_am[job.job_id] = None
+                self._am_up(job)
             else:
                 job.am_container = ""
                 self._want_am(job)

@@ -109,6 +109,7 @@ class Job:
     failures: int = 0
     waiting_reason: str = ""
     attained_gpu_s: float = 0.0      # GPU-seconds served so far (LAS ordering)
+    las_base_gpu_s: float = 0.0      # attained_gpu_s when the LAS starvation guard last promoted it
     submit_id: str = ""
     kill_requested: bool = False
     final_reported: bool = False     # the AM called FinishApplicationMaster

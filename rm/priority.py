@@ -4,21 +4,28 @@
 - `las`: Tiresias' discretized two-dimensional LAS. A job's attained service is GPUs x seconds run (both
   dimensions, hence 2D). Service is discretized into priority levels by `LAS_THRESHOLDS_GPU_S`: a job starts at
   level 0 and drops a level each time its attained service crosses the next threshold; inside a level, submit
-  order (so jobs of similar service are not preempted over small differences). Starvation guard: a job that has
-  waited, since it last ran (or was submitted), more than `LAS_STARVE_FACTOR` times as long as it has run in all
-  is promoted to level 0.
+  order, and no preemption (jobs of similar service are not preempted over small differences). Starvation
+  guard: a job that has waited, since it last ran, more than `LAS_STARVE_FACTOR` times as long as it has run
+  (since its last promotion) is promoted to level 0. As in Tiresias, the promotion sticks: when the promoted
+  job starts, its service counts afresh from there (`las_promoted`), so it keeps level 0 until it has attained
+  the first threshold again. (Were it to fall back to its old level as soon as it ran, the jobs it displaced would take
+  their GPUs back after `min_run_s`, and so on: a carousel of preemptions that serves nobody.)
 - `srtf`: shortest remaining GPU-time first, from the trace's durations (the simulator's oracle baseline; an RM
   has no durations and treats every job alike, i.e. fifo).
 
 In-queue preemption (the simulator's `las` and `srtf`, Tiresias-style): a waiting job that outranks running jobs
-of its own queue takes their GPUs when the idle ones do not suffice: the lowest-ranked running jobs go first, and
-only jobs that ran at least `min_run_s` (no flapping).
+of its own queue takes their GPUs when the idle ones do not suffice: only jobs at a worse level (las) or with
+more left (srtf), only jobs that ran at least `min_run_s` (no flapping), and only where that makes room for it
+on the fewest servers it could fit on, in one domain (GPUs freed here and there would go back to the jobs that
+just lost them while its AM waits for a compact placement); among such rooms, the one that preempts the fewest
+GPUs, lowest-ranked jobs first.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpurm.queues.tree import Policy
@@ -34,8 +41,8 @@ class Standing:
     job_id: str
     seq: int
     gpus: int
-    attained_gpu_s: float = 0.0
-    executed_s: float = 0.0       # wall time it has run in all
+    attained_gpu_s: float = 0.0   # GPU-seconds served (las: since its last promotion)
+    executed_s: float = 0.0       # wall time it has run (las: since its last promotion)
     waiting_since: float = 0.0    # when it last stopped running (or was submitted)
     remaining_gpu_s: float = 0.0  # srtf only: from the trace
     running_since: float = -1.0   # when its current run started, -1 if it holds no GPUs
@@ -45,49 +52,226 @@ def las_level(attained_gpu_s: float) -> int:
     return bisect.bisect_right(LAS_THRESHOLDS_GPU_S, attained_gpu_s)
 
 
+STARVED = (0.0, 0.0)       # how a starved job ranks (before its submit order)
+
+
+def las_starve_at(waiting_since: float, executed_s: float) -> float:
+    """When the starvation guard promotes a waiting job: once it has waited `LAS_STARVE_FACTOR` times as long as
+    it has run."""
+    return waiting_since + LAS_STARVE_FACTOR * max(executed_s, 1.0)
+
+
+def las_starved(now: float, waiting_since: float, executed_s: float) -> bool:
+    return now > las_starve_at(waiting_since, executed_s)
+
+
+def las_promoted(now: float, waiting_since: float, served_gpu_s: float, gpus: int) -> bool:
+    """Whether a job starting now starts by the starvation guard (rather than on its level), so that its service
+    should count afresh from here. A job still at level 0 has nothing to be promoted from."""
+    return las_level(served_gpu_s) > 0 and las_starved(now, waiting_since, served_gpu_s / max(gpus, 1))
+
+
 def rank(policy: Policy, now: float) -> Callable[[Standing], tuple[float, float, int]]:
-    """Sort key: lower ranks first."""
+    """Sort key: lower ranks first. The last item (submit order) only breaks ties: it orders, never preempts."""
     if policy is Policy.LAS:
         def las(s: Standing) -> tuple[float, float, int]:
-            starved = s.running_since < 0 and now - s.waiting_since > LAS_STARVE_FACTOR * max(s.executed_s, 1.0)
-            return (0.0 if starved else float(las_level(s.attained_gpu_s)), 0.0, s.seq)
+            if s.running_since < 0 and las_starved(now, s.waiting_since, s.executed_s):
+                return (*STARVED, s.seq)
+            return (float(las_level(s.attained_gpu_s)), 0.0, s.seq)
         return las
     if policy is Policy.SRTF:
         return lambda s: (0.0, s.remaining_gpu_s, s.seq)
     return lambda s: (0.0, 0.0, s.seq)
 
 
+def waiting_rank(policy: Policy, s: Standing) -> tuple[tuple[float, float, int], float]:
+    """A job running nothing keeps one rank until the starvation guard promotes it: (that rank, the time from
+    which it ranks as `STARVED` instead; infinity if never). Equal to `rank` at every time."""
+    # Ranked the moment it began waiting, it is not starved yet.
+    key = rank(policy, s.waiting_since)(s)
+    return key, las_starve_at(s.waiting_since, s.executed_s) if policy is Policy.LAS else float("inf")
+
+
+def rank_changes_at(policy: Policy, s: Standing, now: float) -> float:
+    """For a running job: the earliest time its rank may worsen (las: its service crossing the next threshold,
+    were all its GPUs running); infinity where it never does (srtf ranks only improve as a job runs)."""
+    if policy is not Policy.LAS:
+        return float("inf")
+    level = las_level(s.attained_gpu_s)
+    if level >= len(LAS_THRESHOLDS_GPU_S):
+        return float("inf")
+    return now + (LAS_THRESHOLDS_GPU_S[level] - s.attained_gpu_s) / max(s.gpus, 1)
+
+
 def preemptive(policy: Policy) -> bool:
     return policy in (Policy.LAS, Policy.SRTF)
 
 
+@dataclass(frozen=True)
+class Room:
+    """A server as in-queue preemption sees it."""
+
+    node_id: str
+    domain: str       # rack / IB domain: a multi-server job is packed inside one
+    size: int         # GPUs it offers in all
+    free: int
+
+
 def in_queue_victims(policy: Policy, now: float, waiting: Sequence[Standing], running: Sequence[Standing],
-                     idle_gpus: int, min_run_s: float) -> list[tuple[str, str]]:
-    """(victim, beneficiary) pairs: running jobs of one queue that waiting jobs of the same queue outrank."""
+                     servers: Sequence[Room], held: Mapping[str, Mapping[str, int]],
+                     min_run_s: float, levels: Mapping[str, str] | None = None,
+                     fits_idle: list[str] | None = None) -> list[tuple[str, str]]:
+    """(victim, beneficiary) pairs: running jobs of one queue that waiting jobs of the same queue outrank.
+
+    `held` says where each running job's GPUs are (job -> server -> GPUs). Victims are chosen so that the
+    beneficiary's AM can use the room at the locality level it is at (`levels`: job -> level label; strictest
+    if unknown): at `node` / `packed` the fewest servers it could ever fit on, in one domain; at `rack` as few
+    servers as will do in one domain; at `any` as few as will do anywhere. GPUs freed where its AM cannot use
+    them would go back to the jobs that just lost them. A waiting job for which no such room can be made takes
+    nothing; waiting jobs that fit in the idle GPUs take nothing either: they are appended to `fits_idle`, if
+    given (the RM tells their AMs to plan now).
+    """
     key = rank(policy, now)
     rk = {s.job_id: key(s) for s in running}
+    free = {r.node_id: r.free for r in servers}
+    idle = sum(free.values())
+    biggest = max((r.size for r in servers), default=0)
     victims: list[tuple[str, str]] = []
-    taken: set[str] = set()
-    free = idle_gpus
-    pool = sorted(running, key=lambda r: rk[r.job_id], reverse=True)     # lowest-ranked first
+    # Jobs that may be preempted, lowest-ranked first; `pool[:n]` are those a job ranked k outranks, where n is
+    # where (-k0, -k1) would go in `negated` (their ranks, negated: ascending).
+    pool = sorted((r for r in running if now - r.running_since >= min_run_s), key=lambda r: rk[r.job_id],
+                  reverse=True)
+
+    def index(pool: list[Standing]) -> tuple[_Spread, list[tuple[float, float]], list[int]]:
+        """Where the pool's jobs hold GPUs, their ranks negated, and the GPUs of the first n of them."""
+        return (_Spread(pool, held), [(-rk[r.job_id][0], -rk[r.job_id][1]) for r in pool],
+                list(itertools.accumulate((r.gpus for r in pool), initial=0)))
+
+    on, negated, room_gpus = index(pool)
+    # Sizes no room could be made for since victims were last chosen: a job further down outranks no more
+    # jobs (`pool[:n]` only shrinks) and finds no more idle GPUs, so it cannot fare better.
+    hopeless: set[tuple[int, str]] = set()
     for w in sorted(waiting, key=key):
-        if free >= w.gpus:
-            free -= w.gpus                                 # it fits without preempting anybody
+        if idle >= w.gpus:
+            idle -= _occupy(free, servers, w.gpus)         # it fits without preempting anybody
+            if fits_idle is not None:
+                fits_idle.append(w.job_id)
+            continue
+        level = (levels or {}).get(w.job_id, "") or "packed"
+        if (w.gpus, level) in hopeless or biggest <= 0:
             continue
         kw = key(w)
-        chosen: list[Standing] = []
-        got = free
-        for r in pool:
-            if got >= w.gpus or rk[r.job_id] <= kw:
-                break                                      # enough, or nobody further down is outranked
-            if r.job_id in taken or now - r.running_since < min_run_s:
-                continue
-            chosen.append(r)
-            got += r.gpus
-        if got < w.gpus:
-            continue                                       # cannot make room for it: take nothing
-        for r in chosen:
-            taken.add(r.job_id)
-            victims.append((r.job_id, w.job_id))
-        free = got - w.gpus
+        n = bisect.bisect_left(negated, (-kw[0], -kw[1]))  # how many it outranks (not by submit order alone)
+        chosen = _compact_room(w.gpus, level, servers, free, on, n, biggest) \
+            if idle + room_gpus[n] >= w.gpus else None
+        if chosen is None:
+            hopeless.add((w.gpus, level))
+            continue
+        victim_ids, used = chosen
+        for job_id in victim_ids:
+            victims.append((job_id, w.job_id))
+            for node_id, gpus in held.get(job_id, {}).items():
+                if node_id in free:
+                    free[node_id] += gpus
+                    idle += gpus
+        idle -= _occupy(free, [r for r in servers if r.node_id in used], w.gpus)
+        gone = set(victim_ids)
+        pool = [r for r in pool if r.job_id not in gone]
+        on, negated, room_gpus = index(pool)
+        hopeless.clear()
     return victims
+
+
+class _Spread:
+    """Where a pool of would-be victims holds GPUs: per server, (place in the pool, job, GPUs there) in pool
+    order, with running sums, so that the GPUs of the first n on a server are a bisection away."""
+
+    def __init__(self, pool: Sequence[Standing], held: Mapping[str, Mapping[str, int]]) -> None:
+        self.entries: dict[str, list[tuple[int, Standing, int]]] = {}
+        for order, r in enumerate(pool):
+            for node_id, g in held.get(r.job_id, {}).items():
+                self.entries.setdefault(node_id, []).append((order, r, g))
+        self.orders = {n: [o for o, _, _ in e] for n, e in self.entries.items()}
+        self.sums = {n: list(itertools.accumulate((g for _, _, g in e), initial=0)) for n, e in self.entries.items()}
+
+    def gpus_of_first(self, node_id: str, n: int) -> int:
+        orders = self.orders.get(node_id)
+        return 0 if orders is None else self.sums[node_id][bisect.bisect_left(orders, n)]
+
+    def first(self, node_id: str, n: int) -> list[tuple[int, Standing, int]]:
+        orders = self.orders.get(node_id)
+        return [] if orders is None else self.entries[node_id][:bisect.bisect_left(orders, n)]
+
+
+def _compact_room(gpus: int, level: str, servers: Sequence[Room], free: Mapping[str, int], on: _Spread, n: int,
+                  biggest: int) -> tuple[list[str], set[str]] | None:
+    """The cheapest victims among the first `n` of the pool (fewest GPUs preempted, then lowest-ranked) whose
+    GPUs, with the idle ones, give `gpus` GPUs where an AM at locality `level` can take them (see
+    in_queue_victims); with the servers used. None if none do."""
+    fewest = -(-gpus // biggest)
+    by_domain: dict[str, list[tuple[int, str]]] = {}        # domain -> (-room, server)
+    for s in servers:
+        room = free.get(s.node_id, 0) + on.gpus_of_first(s.node_id, n)
+        if room > 0:
+            by_domain.setdefault("" if level == "any" else s.domain, []).append((-room, s.node_id))
+    best: tuple[tuple[int, int], list[str], set[str]] | None = None
+    for domain in sorted(by_domain):
+        group = sorted(by_domain[domain])
+        if level in ("rack", "any"):
+            # As few servers as will do: the roomiest first.
+            total = 0
+            take: list[str] = []
+            for neg_room, node in group:
+                if total >= gpus:
+                    break
+                take.append(node)
+                total -= neg_room
+            if total < gpus:
+                continue
+            candidates = [take]
+        elif fewest == 1:
+            candidates = [[node] for neg_room, node in group if -neg_room >= gpus]
+        elif len(group) >= fewest and -sum(r for r, _ in group[:fewest]) >= gpus:
+            candidates = [[node for _, node in group[:fewest]]]
+        else:
+            continue
+        for chosen in candidates:
+            have = sum(free.get(node, 0) for node in chosen)
+            # Lowest-ranked first across the chosen servers; a victim counts only for its GPUs on them.
+            here: dict[str, tuple[int, Standing, int]] = {}
+            for node in chosen:
+                for order, r, g in on.first(node, n):
+                    o = here.get(r.job_id)
+                    here[r.job_id] = (order, r, g + (o[2] if o else 0))
+            picked: list[str] = []
+            preempted = 0
+            for _, r, g in sorted(here.values(), key=lambda x: x[0]):
+                if have >= gpus:
+                    break
+                picked.append(r.job_id)
+                have += g
+                preempted += r.gpus
+            if have < gpus:
+                continue
+            cost = (preempted, len(picked))
+            if best is None or cost < best[0]:
+                best = (cost, picked, set(chosen))
+    return None if best is None else (best[1], best[2])
+
+
+def _occupy(free: dict[str, int], servers: Sequence[Room], gpus: int) -> int:
+    """Mark `gpus` of the free GPUs on `servers` as spoken for, the way a compact plan would take them (one
+    server that fits, tightest first; else the emptiest servers first). Returns how many it marked."""
+    fits = [s for s in servers if free.get(s.node_id, 0) >= gpus]
+    if fits:
+        tightest = min(fits, key=lambda s: (free[s.node_id], s.node_id))
+        free[tightest.node_id] -= gpus
+        return gpus
+    left = gpus
+    for s in sorted(servers, key=lambda s: (-free.get(s.node_id, 0), s.node_id)):
+        if left <= 0:
+            break
+        take = min(left, free.get(s.node_id, 0))
+        free[s.node_id] -= take
+        left -= take
+    return gpus - left

@@ -3,10 +3,13 @@ so an older RM can read a newer record, and missing keys take the field's defaul
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import enum
+import sys
 import types
 import typing
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -36,7 +39,7 @@ def _dump(value: Any) -> Any:
 def from_dict(cls: type[T], data: dict[str, Any]) -> T:
     hints = _HINTS.get(cls)
     if hints is None:
-        hints = typing.get_type_hints(cls)
+        hints = _source_hints(cls) or typing.get_type_hints(cls)
         _HINTS[cls] = hints
     kwargs = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
@@ -69,3 +72,26 @@ def _load(hint: Any, value: Any) -> Any:
     if hint is float and isinstance(value, int):
         return float(value)
     return value
+
+
+
+def _source_hints(cls: type) -> dict[str, Any] | None:
+    """The field annotations of a class compiled by mypyc (gpurm.native), read from its source: compiled classes
+    keep only erased ones (`dict`, not `dict[int, GpuRecord]`), too little to rebuild nested records. None for a
+    class that is not compiled."""
+    module = sys.modules.get(cls.__module__)
+    if module is None or str(getattr(module, "__file__", "")).endswith(".py"):
+        return None
+    package = sys.modules.get(cls.__module__.rpartition(".")[0])
+    name = cls.__module__.rpartition(".")[2] + ".py"
+    for folder in getattr(package, "__path__", []):
+        source = Path(folder) / name
+        if source.exists():
+            break
+    else:
+        return None
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name == cls.__qualname__:
+            return {st.target.id: eval(ast.unparse(st.annotation), vars(module))  # our own source
+                    for st in node.body if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)}
+    return None

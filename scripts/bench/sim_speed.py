@@ -9,6 +9,7 @@ import json
 import time
 from pathlib import Path
 
+from gpurm import native
 from gpurm.queues.tree import Policy
 from gpurm.sim import metrics
 from gpurm.sim.clusterspec import parse_cluster, total_gpus
@@ -53,6 +54,7 @@ def main() -> int:
     load = metrics.load_factor(trace.gpu_seconds(), capacity, trace.span_s)
     print(f"trace: {len(trace.jobs)} jobs from {Path(args.trace).name}, loaded in {load_s:.2f}s; cluster "
           f"{args.cluster} = {capacity} GPUs; load factor {load:.3f}")
+    print(f"hot paths: {native.status().reason}")
     results = {}
     for name in args.policy or ["fifo", "las", "srtf"]:
         engine = Engine(trace, servers, trace_tree(trace.queues()), SimOptions(policy=Policy(name)))
@@ -60,6 +62,7 @@ def main() -> int:
         summary = metrics.summarize(res.results, res.timeline, capacity, load, res.wall_s)
         floor = bare_event_loop(res.events)
         results[name] = {"wall_s": res.wall_s, "events": res.events, "settles": res.settles,
+                         "compiled": native.status().active,
                          "bare_event_loop_s": floor, **{k: summary[k] for k in FIGURES}}
         print(f"\n== {name}: {res.wall_s:.1f}s wall for {len(trace.jobs)} jobs ({res.events} events, "
               f"{res.events / res.wall_s:,.0f} events/s; a bare heap loop over as many events: {floor * 1000:.0f} ms)")

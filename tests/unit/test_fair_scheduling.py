@@ -6,9 +6,18 @@ import pytest
 
 from gpurm.queues.config import parse_queues
 from gpurm.rm.cluster import GpuRecord
-from gpurm.rm.core import ContainerReport, ErrorCode, LaunchAM, NodeRegistration, RequestError, RMCore, RMSettings
+from gpurm.rm.core import (
+    AttemptUpdate,
+    ContainerReport,
+    ErrorCode,
+    LaunchAM,
+    NodeRegistration,
+    RequestError,
+    RMCore,
+    RMSettings,
+)
 from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.model import ContainerPhase
+from gpurm.rm.model import ContainerPhase, JobState
 from gpurm.rm.scheduler import Ask
 
 
@@ -215,6 +224,29 @@ def test_fair_share_preemption_takes_newest_jobs_back_after_the_timeout() -> Non
     for cid in ordered:
         rig.end(cid)
     assert len(rig.ask(jb, [Ask(gpus=4, count=4)])) == 4 and rig.used("b") == 16
+
+
+def test_a_victim_stops_counting_as_running_once_its_preempted_learners_end() -> None:
+    # Its AM reports the next attempt later; until then `gpurm status` must not call the broken gang RUNNING.
+    rig = Rig("defaults: {fair_share_preemption_timeout: 10s, min_share_preemption_timeout: off, "
+              "preemption_grace: 5s}\nqueues:\n  a: {}\n  b: {}\n")
+    a_jobs = flood(rig, "a", 8, 4)
+    for j in a_jobs:
+        rig.core.allocate(j, 1, rig.resp[j], [], [], [AttemptUpdate(1, JobState.RUNNING)], rig.now)
+    assert {rig.core.jobs[j].state for j in a_jobs} == {JobState.RUNNING}
+    rig.job("b", 8)
+    rig.core.tick(rig.now)
+    rig.now += 10
+    rig.core.tick(rig.now)
+    rig.now += 6
+    rig.core.tick(rig.now)
+    for n in list(rig.core.stops):
+        for o in rig.core.take_stops(n, rig.now):
+            rig.end(o.container_id)
+    states = {j: rig.core.jobs[j].state for j in a_jobs}
+    assert [j for j, s in states.items() if s is JobState.ALLOCATING] == a_jobs[-2:]
+    assert all(states[j] is JobState.RUNNING for j in a_jobs[:-2])
+    assert "preempted for queue b" in rig.core.jobs[a_jobs[-1]].waiting_reason
 
 
 def test_never_preempts_a_non_preemptible_queue() -> None:

@@ -115,6 +115,19 @@ def test_at_any_it_keeps_cycling_with_bounded_growing_backoff() -> None:
     assert caps[-1] == 600            # capped
 
 
+def test_told_gpus_wait_for_it_a_backing_off_am_plans_at_once_at_the_next_level() -> None:
+    rig = Rig(spec(4, start=LocalityLevel.RACK), [srv("a", "r1", 2), srv("b", "r2", 2)], seed=3)
+    rig.advance(60)                                      # no rack holds 4 free GPUs: back off
+    assert rig.m.phase is Phase.BACKOFF and rig.m.backoff_until > rig.now
+    rig.m.on_view([srv("a", "r1", 4), srv("b", "r2", 2)], rig.now)
+    assert rig.m.phase is Phase.BACKOFF and rig.m.asks() == []        # the view alone does not end a back-off
+    rig.m.on_room(rig.now)
+    assert rig.m.level is LocalityLevel.ANY and rig.m.phase is Phase.ACQUIRING
+    assert rig.m.asks() == [("a", 4, (4, 5, 6, 7))]
+    rig.m.on_room(rig.now)                               # not backing off: nothing changes
+    assert rig.m.phase is Phase.ACQUIRING
+
+
 def test_stale_grant_is_given_back() -> None:
     rig = Rig(spec(8, start=LocalityLevel.NODE), [srv("a", "r1", 8), srv("b", "r1", 8)])
     (node, _, _), = rig.m.asks()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpurm.queues.tree import Policy
 from gpurm.rm.cluster import GpuRecord
 from gpurm.rm.core import (
     AttemptUpdate,
@@ -336,3 +337,52 @@ def test_the_agents_word_on_a_learners_end_beats_the_ams_older_report() -> None:
     core.allocate(job, 1, 1, [], [], [AttemptUpdate(1, JobState.KILLED, learners=[stale])], 3.1)
     (learner,) = core.jobs[job].attempts[-1].learners
     assert (learner.state, learner.signal) == ("EXITED", 15)
+
+
+def ran_4000_gpu_s() -> tuple[RMCore, str]:
+    """A 1-GPU job that ran 10..4,010 s (4,000 GPU-s: LAS level 1) and was stopped; returns the core and job."""
+    core = cluster(1)
+    job = started_job(core, gpus=1)
+    (g,) = core.allocate(job, 1, 0, [Ask(gpus=1, node_id="n1")], [], [], 2.0).grants
+    core.node_heartbeat("n1", "s1", [running(g.container_id)], 10.0)
+    core.node_heartbeat("n1", "s1", [exited(g.container_id, stopped=True)], 4010.0)
+    return core, job
+
+
+def test_a_las_promotion_sticks_once_the_starved_job_runs_and_survives_a_restart() -> None:
+    # 1 GPU: runs 4,000 s (4,000 GPU-s: level 1), stops, waits 40,000 s > 8 x 4,000 s (starved), runs again. Its
+    # service then counts from the promotion, so it ranks at level 0 while it runs.
+    core, job = ran_4000_gpu_s()
+    assert core.standing(core.jobs[job], 4010.0).attained_gpu_s == 4000.0
+    (g2,) = core.allocate(job, 1, 1, [Ask(gpus=1, node_id="n1")], [], [], 44_020.0).grants
+    core.node_heartbeat("n1", "s1", [running(g2.container_id)], 44_020.0)
+    assert core.jobs[job].las_base_gpu_s == 4000.0
+    assert core.standing(core.jobs[job], 44_120.0).attained_gpu_s == 100.0
+    assert core.jobs[job].attained_gpu_s == 4000.0       # what it was served in all is kept
+    again = restarted(core, 44_200.0)
+    assert again.jobs[job].las_base_gpu_s == 4000.0
+
+
+def test_a_job_that_did_not_starve_keeps_its_service() -> None:
+    core, job = ran_4000_gpu_s()
+    (g2,) = core.allocate(job, 1, 1, [Ask(gpus=1, node_id="n1")], [], [], 5000.0).grants
+    core.node_heartbeat("n1", "s1", [running(g2.container_id)], 5000.0)
+    assert core.jobs[job].las_base_gpu_s == 0.0
+    assert core.standing(core.jobs[job], 5100.0).attained_gpu_s == 4100.0
+
+
+def test_in_queue_preemption_tells_an_outranking_job_that_fits_in_idle_gpus_to_plan_now() -> None:
+    # 8 GPUs: `old` runs on 4 of them long enough to drop to LAS level 1; `w` (level 0) outranks it and its AM,
+    # backing off, asks for nothing although 4 GPUs are idle. Nobody is preempted: w's next reply says plan now.
+    core = cluster(1, settings=RMSettings(heartbeat_interval_s=1e9, am_liveness_timeout_s=1e9,
+                                          container_start_timeout_s=1e9, inqueue_preemption=True,
+                                          inqueue_min_run_s=300.0))
+    core.scheduler.policy_override = Policy.LAS
+    old = started_job(core, gpus=4)
+    (g,) = core.allocate(old, 1, 0, [Ask(gpus=4, node_id="n1")], [], [], 2.0).grants
+    core.node_heartbeat("n1", "s1", [running(g.container_id)], 10.0)
+    w = started_job(core, gpus=4, now=20.0)
+    assert core.preempt_in_queue(2000.0) == []                  # 4 x 1,990 s: level 1 now
+    assert core.allocate(w, 1, 0, [], [], [], 2001.0).plan_now
+    assert not core.allocate(w, 1, 1, [], [], [], 2002.0).plan_now     # said once
+    assert not core.allocate(old, 1, 1, [], [], [], 2003.0).plan_now

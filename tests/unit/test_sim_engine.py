@@ -55,13 +55,14 @@ def test_fifo_serves_in_submission_order() -> None:
 
 def test_las_preempts_a_long_job_for_a_new_one() -> None:
     # One GPU. A (10,000 s) has attained 4,000 GPU-s when B arrives, so A is at LAS level 1 (past 3,600) and B, at
-    # level 0, outranks it. The RM looks at in-queue ranks 30 s later (half the 60 s minimum run) and preempts A;
-    # A's AM stops its learner at once on the notice (a simulated learner checkpoints instantly), so B runs
-    # 4030..4130. A resumes then with its 4,030 s of progress kept: it needs 5,970 s more and ends at 10,100.
+    # level 0, outranks it. The RM looks at in-queue ranks 150 s later (every half of the 300 s minimum run while
+    # jobs wait) and preempts A (it has run more than those 300 s); A's AM stops its learner at once on the notice
+    # (a simulated learner checkpoints instantly), so B runs 4150..4250. A resumes then with its 4,150 s of
+    # progress kept: it needs 5,850 s more and ends at 10,100.
     trace = trace_of(("A", 0, 1, 10_000, "q"), ("B", 4000, 1, 100, "q"))
     jobs = by_id(simulate(trace, "1x1x1", policy=Policy.LAS, locality=LONG))
-    assert jobs["B"].start_s == 4030
-    assert jct(jobs["B"]) == 130
+    assert jobs["B"].start_s == 4150
+    assert jct(jobs["B"]) == 250
     assert jobs["A"].preemptions == 1 and jobs["B"].preemptions == 0
     assert jobs["A"].finish_s == pytest.approx(10_100)
     assert jobs["A"].retries == 0                  # a preemption is not a failure
