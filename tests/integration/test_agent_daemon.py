@@ -33,6 +33,29 @@ def agent_cmd(config: Path) -> list[str]:
     return [sys.executable, "-m", "gpurm.nodeagent", "--config", str(config)]
 
 
+def describe(pids: list[int]) -> str:
+    """Each pid with its command line, for an assertion message."""
+    lines = []
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        except OSError:
+            cmd, ppid = "(gone)", "?"
+        lines.append(f"{pid} (parent {ppid}): {cmd}")
+    return "\n".join(lines)
+
+
+def container_of(pid: int) -> str:
+    """The GPURM_CONTAINER_ID in a process's environment ("" when gone or absent)."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return ""
+    found = [v for k, _, v in (e.partition(b"=") for e in env) if k == b"GPURM_CONTAINER_ID"]
+    return found[0].decode() if found else ""
+
+
 def read_pids(path: Path, count: int) -> list[int]:
     def ready() -> list[int] | None:
         words = path.read_text().split() if path.exists() else []
@@ -66,6 +89,7 @@ def test_shutdown_stops_every_container_and_the_rm_sees_them_end(rm: RMProcess, 
         assert record["state"] == "CONTAINER_EXITED" and record["stopped"]
     finally:
         agent.close()
+        rm.kill_job(job_id)     # else its next AM attempt lands on the next test's agent
     text = agent.log_text()
     assert f"agent {agent.node_id} serving ContainerManager on 127.0.0.1:" in text and ", 2 GPUs" in text
 
@@ -76,8 +100,9 @@ def test_keep_on_shutdown_leaves_containers_running(rm: RMProcess, tmp_path: Pat
         agent.start()
         job_id = rm.submit("exec sleep 300")
         learner = rm.learner(job_id)
-        running = agent.processes()
-        assert learner.pid in running and len(running) == 2     # the learner and the job's AM
+        # The learner and the job's AM, and nothing else of this job's (an earlier test's job may run here).
+        running = [p for p in agent.processes() if container_of(p).startswith(f"{job_id}-")]
+        assert learner.pid in running and len(running) == 2, describe(agent.processes())
         assert agent.terminate() == 0
         assert [p for p in running if not alive(p)] == []
         record = json.loads((agent.state / "containers" / learner.container_id / "record.json").read_text())
