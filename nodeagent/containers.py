@@ -19,7 +19,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,13 @@ HANDSHAKE_TIMEOUT_S = 30.0
 LAUNCHER_LINGER_S = 2.0    # after SIGKILL to the command: how long the launcher may take to record its exit
 KILL_POLL_S = 0.05
 UNREPORTED_ENDS_MS = 24 * 3600 * 1000   # ends older than this are not reported again after an agent restart
+
+
+def leader_first(pids: Iterable[int], leader: int) -> list[int]:
+    """The command's own process first, then the rest: were a child killed first, a shell waiting on it could
+    exit with 128+9 before its own SIGKILL lands, and the container would read "exited with code 137" rather
+    than "killed by SIGKILL"."""
+    return sorted(pids, key=lambda p: (p != leader, p))
 
 
 class ContainerSupervisor:
@@ -465,7 +472,7 @@ class ContainerSupervisor:
             others = members - {rec.shim_pid}
             if others:
                 alone_since = None
-                signal_pids(others, signal.SIGKILL)
+                signal_pids(leader_first(others, rec.pid), signal.SIGKILL)
             else:
                 alone_since = alone_since if alone_since is not None else loop.time()
                 if loop.time() - alone_since >= LAUNCHER_LINGER_S:

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from gpurm.nodeagent.backoff import Backoff
+from gpurm.nodeagent.containers import leader_first
 from gpurm.nodeagent.launch import container_argv, container_env
 from gpurm.nodeagent.ports import PortReserver
 from gpurm.nodeagent.records import ContainerRecord, safe_container_id
@@ -90,3 +91,8 @@ def test_argv_and_exec_errors() -> None:
     not_found = describe_exec_error(FileNotFoundError(2, "No such file"), "foo")
     assert not_found == "cannot start 'foo': command not found"
     assert "permission denied" in describe_exec_error(PermissionError(13, "denied"), "foo")
+
+
+def test_the_commands_own_process_is_killed_before_its_children() -> None:
+    assert leader_first({41, 7, 30, 12}, 30) == [30, 7, 12, 41]
+    assert leader_first({41, 7}, 99) == [7, 41]        # the leader already gone: the rest, in a stable order
