@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import heapq
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
@@ -180,6 +180,24 @@ class AllocateResult:
 
 
 @dataclass
+class InQueueLook:
+    """What preempt_in_queue last found in one queue. Its answer can change only through the jobs changed since
+    (`dirty`), jobs whose rank or age moves with the clock (`timers`: when, job), and, when it found outranking
+    jobs but no room for them (`stuck`), GPUs coming idle."""
+
+    worst: tuple[float, float] | None       # the worst rank of a running job old enough to be preempted
+    best: tuple[float, float] | None        # the best rank of a waiting job (STARVED once starved)
+    timers: list[tuple[float, str]]         # a heap: a young job grown old enough, a rank crossing a level,
+                                            # a waiting job starving
+    stuck: tuple[int, list[int]] | None = None   # the cluster's shape version and idle GPUs per server then
+    dirty: dict[str, None] = field(default_factory=dict)
+
+    def quiet_at(self, now: float) -> bool:
+        """No timer has come due."""
+        return not self.timers or self.timers[0][0] > now
+
+
+@dataclass
 class AppState:
     """The RM's side of one running AM."""
 
@@ -259,7 +277,7 @@ class RMCore:
         self._idle_rank: dict[str, tuple[Policy, priority.Standing, tuple[float, float, int], float]] = {}
         # Queues whose in-queue ranks cannot call for a preemption before the given time unless one of their jobs
         # changes (an AM comes or goes, learners come, start or go, a job is preempted): see preempt_in_queue.
-        self._inqueue_quiet: dict[str, float] = {}
+        self._inqueue_looks: dict[str, InQueueLook] = {}
         self._rooms_cache: tuple[int, list[tuple[str, str, int]]] | None = None
         self._run_rank: dict[str, tuple[tuple[tuple[int, float], ...], Policy, tuple[float, float], float, float]] = {}
 
@@ -316,7 +334,7 @@ class RMCore:
         self._idle_rank.pop(job_id, None)     # its service, idle time or promotion may be about to change
         job = self.jobs.get(job_id)
         if job is not None:
-            self._inqueue_quiet.pop(job.queue, None)
+            self._inqueue_touch(job)
 
     def _index_live(self, c: Container) -> None:
         self._runs_changed(c.job_id)
@@ -350,16 +368,22 @@ class RMCore:
             if not mine:
                 del self.live_by_job[c.job_id]
 
+    def _inqueue_touch(self, job: Job) -> None:
+        """The job's rank, run or locality level changed: its queue's next in-queue look must weigh it."""
+        look = self._inqueue_looks.get(job.queue)
+        if look is not None:
+            look.dirty[job.job_id] = None
+
     def _am_up(self, job: Job) -> None:
         self.with_am[job.job_id] = None
         self.with_am_by_queue.setdefault(job.queue, {})[job.job_id] = None
-        self._inqueue_quiet.pop(job.queue, None)
+        self._inqueue_touch(job)
 
     def _am_gone(self, job: Job) -> None:
         self.with_am.pop(job.job_id, None)
         self.nudged.pop(job.job_id, None)
         self.with_am_by_queue.get(job.queue, {}).pop(job.job_id, None)
-        self._inqueue_quiet.pop(job.queue, None)
+        self._inqueue_touch(job)
 
     def _want_am(self, job: Job) -> None:
         key = (0 if job.admitted else 1, job.seq, job.job_id)
@@ -998,10 +1022,12 @@ class RMCore:
     def _apply_attempt(self, job: Job, report: AttemptUpdate, now: float) -> None:
         if report.number < 1 or report.number > len(job.attempts) + 1:
             return
-        if report.number == len(job.attempts) + 1:
-            job.attempts.append(Attempt(number=report.number, start_time=report.start_time or now,
-                                        am_attempt=job.am_attempt))
-        attempt = job.attempts[report.number - 1]
+        attempt = job.attempts[report.number - 1] if report.number <= len(job.attempts) else None
+        if attempt is None or (report.level and report.level != attempt.level):
+            self._inqueue_touch(job)         # its locality level decides what room helps it
+        if attempt is None:
+            attempt = Attempt(number=report.number, start_time=report.start_time or now, am_attempt=job.am_attempt)
+            job.attempts.append(attempt)
         attempt.state = report.state
         attempt.waiting_reason = report.waiting_reason
         attempt.level = report.level or attempt.level
@@ -1279,7 +1305,7 @@ class RMCore:
             if c.kind is ContainerKind.LEARNER and not c.preempt_deadline:
                 c.preempt_deadline = deadline
                 self.preempting[c.container_id] = None
-                self._inqueue_quiet.pop(job.queue, None)
+                self._inqueue_touch(job)
                 c.preempted_for = d.beneficiary
                 self.reclaiming_live[d.beneficiary] = self.reclaiming_live.get(d.beneficiary, 0) + c.gpus
                 self._container_changed(c)
@@ -1329,6 +1355,13 @@ class RMCore:
         return [priority.Room(node_id, domain, size, cluster.free(node_id))
                 for node_id, domain, size in self._rooms_cache[1]]
 
+    def _idle_on(self) -> list[int]:
+        """Idle GPUs per server, in `_rooms` order (valid while the shape version stays)."""
+        self._rooms()
+        assert self._rooms_cache is not None
+        free = self.cluster.free
+        return [free(node_id) for node_id, _, _ in self._rooms_cache[1]]
+
     def _being_preempted(self) -> set[str]:
         return {self.containers[cid].job_id for cid in self.preempting}
 
@@ -1364,17 +1397,17 @@ class RMCore:
         """Tiresias-style: inside a leaf with a preemptive policy (las, srtf), a waiting job that outranks
         running ones takes their GPUs. Off unless `settings.inqueue_preemption` (the simulator's las / srtf).
 
-        The simulator asks this every half minimum run while jobs wait, so it first narrows each queue down to
-        the waiting jobs that outrank some running job old enough to be preempted; most calls end there."""
+        The simulator asks this every half minimum run while jobs wait, so each queue keeps what its last look
+        found (InQueueLook): most calls end there, or after ranking just the jobs that changed since."""
         if not self.settings.inqueue_preemption:
             return []
         busy = self._being_preempted()
-        min_run = self.settings.inqueue_min_run_s
         idle = self.cluster.free_gpus
         servers: list[priority.Room] | None = None
         out: list[tuple[str, str]] = []
+        idle_on: list[int] | None = None
         for queue, members in self.with_am_by_queue.items():
-            if not members or self._inqueue_quiet.get(queue, now) > now:
+            if not members:
                 continue
             leaf = self.queues.tree.by_path.get(queue)
             if leaf is None:
@@ -1382,36 +1415,21 @@ class RMCore:
             policy = self.scheduler.policy_of(leaf)
             if not priority.preemptive(policy):
                 continue
-            run_ids: list[str] = []
-            wait_ids: list[str] = []
-            for job_id in members:
-                if job_id not in busy:
-                    (run_ids if job_id in self.learners_live else wait_ids).append(job_id)
-            # Until when nothing in this queue can change its answer but its jobs' changes (which clear this):
-            # a young job growing old enough to be preempted, a rank crossing a level, a waiting job starving.
-            quiet = float("inf")
-            old_enough: list[str] = []
-            worst: tuple[float, float] | None = None
-            for job_id in run_ids:
-                rank2, changes_at, since = self._running_rank(self.jobs[job_id], policy, now)
-                if since < 0:
-                    continue                 # a gang still being granted: nothing started to preempt
-                quiet = min(quiet, changes_at)
-                if now - since >= min_run:
-                    old_enough.append(job_id)
-                    if worst is None or rank2 > worst:
-                        worst = rank2
-                else:
-                    quiet = min(quiet, since + min_run)
-            candidates: list[priority.Standing] = []
-            for job_id in wait_ids:
-                s, k, starve_at = self._waiting_rank(self.jobs[job_id], policy)
-                if now <= starve_at:
-                    quiet = min(quiet, starve_at)
-                if worst is not None and (priority.STARVED if now > starve_at else k[:2]) < worst:
-                    candidates.append(s)
+            look = self._inqueue_looks.get(queue)
+            if look is not None:
+                if look.stuck is None and self._still_quiet(look, members, policy, busy, now):
+                    continue
+                if look.stuck is not None and not look.dirty and look.quiet_at(now):
+                    if idle_on is None:
+                        idle_on = self._idle_on()
+                    shape, before = look.stuck
+                    if shape == self.cluster.shape_version \
+                            and all(a <= b for a, b in zip(idle_on, before, strict=True)):
+                        continue             # no GPU came idle anywhere: still no room for any of them
+            self._inqueue_looks.pop(queue, None)
+            look, old_enough, candidates = self._inqueue_scan(members, policy, busy, now)
             if not candidates:
-                self._inqueue_quiet[queue] = quiet
+                self._inqueue_looks[queue] = look
                 continue
             if sum(s.gpus for s in candidates) <= idle:
                 for s in candidates:         # they all fit in the idle GPUs: their AMs are told to look now
@@ -1431,7 +1449,14 @@ class RMCore:
                 attempt = self.jobs[w.job_id].current_attempt
                 levels[w.job_id] = attempt.level if attempt is not None else ""
             fits: list[str] = []
+            min_run = self.settings.inqueue_min_run_s
             pairs = priority.in_queue_victims(policy, now, candidates, running, servers, held, min_run, levels, fits)
+            if not pairs and not fits:
+                # With fewer idle GPUs, and running jobs that rank the same or better, no room appears that was
+                # not there: until `quiet`, only its jobs' changes or GPUs coming idle can change this answer.
+                look.stuck = (self.cluster.shape_version, self._idle_on())
+                self._inqueue_looks[queue] = look
+                continue
             for job_id in fits:
                 self.nudged[job_id] = None
             for _, b in pairs:
@@ -1441,6 +1466,78 @@ class RMCore:
                 self._preempt_job(self.jobs[victim], d, leaf.preemption.grace_s, now)
             out.extend(pairs)
         return out
+
+    def _inqueue_scan(self, members: Mapping[str, None], policy: Policy, busy: set[str],
+                      now: float) -> tuple[InQueueLook, list[str], list[priority.Standing]]:
+        """One queue's jobs ranked: what the look finds, the running jobs old enough to be preempted, and the
+        waiting jobs that outrank one of them."""
+        look = InQueueLook(None, None, [])
+        old_enough: list[str] = []
+        waiting: list[tuple[priority.Standing, tuple[float, float]]] = []
+        for job_id in members:
+            if job_id in busy:
+                continue
+            if job_id in self.learners_live:
+                if self._weigh_running(look, job_id, policy, now):
+                    old_enough.append(job_id)
+            else:
+                waiting.append(self._weigh_waiting(look, job_id, policy, now))
+        heapq.heapify(look.timers)
+        worst = look.worst
+        candidates = [] if worst is None else [s for s, r in waiting if r < worst]
+        return look, old_enough, candidates
+
+    def _weigh_running(self, look: InQueueLook, job_id: str, policy: Policy, now: float) -> bool:
+        """Fold a running job into `look` (timers unsorted); whether it is old enough to be preempted."""
+        rank2, changes_at, since = self._running_rank(self.jobs[job_id], policy, now)
+        if since < 0:
+            return False                     # a gang still being granted: nothing started to preempt
+        if changes_at != float("inf"):
+            look.timers.append((changes_at, job_id))
+        if now - since < self.settings.inqueue_min_run_s:
+            look.timers.append((since + self.settings.inqueue_min_run_s, job_id))
+            return False
+        if look.worst is None or rank2 > look.worst:
+            look.worst = rank2
+        return True
+
+    def _weigh_waiting(self, look: InQueueLook, job_id: str, policy: Policy,
+                       now: float) -> tuple[priority.Standing, tuple[float, float]]:
+        """Fold a waiting job into `look` (timers unsorted); its Standing and its rank now."""
+        s, k, starve_at = self._waiting_rank(self.jobs[job_id], policy)
+        if now <= starve_at and starve_at != float("inf"):
+            look.timers.append((starve_at, job_id))
+        r = priority.STARVED if now > starve_at else (k[0], k[1])
+        if look.best is None or r < look.best:
+            look.best = r
+        return s, r
+
+    def _still_quiet(self, look: InQueueLook, members: Mapping[str, None], policy: Policy, busy: set[str],
+                     now: float) -> bool:
+        """Whether, after a look that found no waiting job outranking a running one old enough to be preempted,
+        there is still none; if so the jobs changed since, and those whose timers came due, are folded into it.
+        Only they need ranking: the others rank as that look found them. A job that left can only have made the
+        worst running rank better and the best waiting rank worse, so the look errs towards looking again."""
+        timers = look.timers
+        while timers and timers[0][0] <= now:
+            look.dirty[heapq.heappop(timers)[1]] = None
+        if not look.dirty:
+            return True
+        trial = InQueueLook(look.worst, look.best, [])
+        for job_id in look.dirty:
+            if job_id not in members or job_id in busy:
+                continue                     # a full look would skip it too
+            if job_id in self.learners_live:
+                self._weigh_running(trial, job_id, policy, now)
+            else:
+                self._weigh_waiting(trial, job_id, policy, now)
+        if trial.worst is not None and trial.best is not None and trial.best < trial.worst:
+            return False
+        look.worst, look.best = trial.worst, trial.best
+        for t in trial.timers:
+            heapq.heappush(timers, t)
+        look.dirty.clear()
+        return True
 
     @property
     def _ranked(self) -> bool:
@@ -1502,7 +1599,7 @@ class RMCore:
         self.queues.replace_tree(tree)
         self._rebuild_queue_book()
         self.pass_due = True
-        self._inqueue_quiet.clear()          # policies may have changed
+        self._inqueue_looks.clear()          # policies may have changed
         for app in self.apps.values():
             app.app.queue = self.jobs[app.app.job_id].queue
         return []

@@ -386,3 +386,35 @@ def test_in_queue_preemption_tells_an_outranking_job_that_fits_in_idle_gpus_to_p
     assert core.allocate(w, 1, 0, [], [], [], 2001.0).plan_now
     assert not core.allocate(w, 1, 1, [], [], [], 2002.0).plan_now     # said once
     assert not core.allocate(old, 1, 1, [], [], [], 2003.0).plan_now
+
+
+def las_core() -> RMCore:
+    """One 8-GPU server, every queue ranked by LAS with in-queue preemption after 300 s of running."""
+    core = cluster(1, settings=RMSettings(heartbeat_interval_s=1e9, am_liveness_timeout_s=1e9,
+                                          container_start_timeout_s=1e9, inqueue_preemption=True,
+                                          inqueue_min_run_s=300.0))
+    core.scheduler.policy_override = Policy.LAS
+    return core
+
+
+def test_in_queue_preemption_weighs_a_job_that_arrives_after_a_quiet_look() -> None:
+    core = las_core()
+    old = started_job(core, gpus=8)
+    (g,) = core.allocate(old, 1, 0, [Ask(gpus=8, node_id="n1")], [], [], 2.0).grants
+    core.node_heartbeat("n1", "s1", [running(g.container_id)], 10.0)
+    assert core.preempt_in_queue(100.0) == []       # nobody waits, and `old` is too young to be preempted anyway
+    assert core.preempt_in_queue(2000.0) == []      # old enough now, at LAS level 1 (8 x 1,990 GPU-s): still nobody
+    w = started_job(core, gpus=8, now=2100.0)       # level 0: outranks it
+    assert core.preempt_in_queue(2200.0) == [(old, w)]
+
+
+def test_in_queue_preemption_waits_for_the_outranked_job_to_run_its_minimum() -> None:
+    core = las_core()
+    old = started_job(core, gpus=8)
+    (g,) = core.allocate(old, 1, 0, [Ask(gpus=8, node_id="n1")], [], [], 2.0).grants
+    core.node_heartbeat("n1", "s1", [running(g.container_id)], 10.0)
+    # 8 x 290 s: level 0 still, and younger than 300 s; `w`, at level 0 too, outranks nobody.
+    w = started_job(core, gpus=8, now=20.0)
+    assert core.preempt_in_queue(300.0) == []
+    assert core.preempt_in_queue(400.0) == []       # old enough, but level 0 until 3,600 GPU-s (t = 460 s)
+    assert core.preempt_in_queue(461.0) == [(old, w)]   # crossed into level 1 with nothing else changed
