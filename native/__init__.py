@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 MODULES: tuple[tuple[str, str], ...] = (
     ("queues", "fairshare.py"), ("queues", "tree.py"),
     ("rm", "cluster.py"), ("rm", "core.py"), ("rm", "model.py"), ("rm", "preemption.py"), ("rm", "priority.py"),
-    ("rm", "queuebook.py"), ("rm", "scheduler.py"),
+    ("rm", "queuebook.py"), ("rm", "scheduler.py"), ("rm", "sortedkeys.py"),
     ("am", "master.py"), ("am", "placement.py"),
     ("sim", "engine.py"),
 )

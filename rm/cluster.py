@@ -7,7 +7,7 @@ import enum
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from sortedcontainers import SortedList
+from gpurm.rm.sortedkeys import SortedKeys
 
 LINK_NVLINK = 1  # pb.LINK_NVLINK; kept as a plain int so this module needs no protobuf
 
@@ -146,8 +146,8 @@ class Cluster:
         self.nodes: dict[str, Node] = {}
         self._free: dict[str, int] = {}
         self._free_total = 0
-        self._by_free: SortedList = SortedList()
-        self._by_free_rack: dict[str, SortedList] = {}
+        self._by_free: SortedKeys[tuple[int, str]] = SortedKeys()
+        self._by_free_rack: dict[str, SortedKeys[tuple[int, str]]] = {}
         self.version = 0
         self.changed: set[str] = set()   # node ids changed since the view was last published
         self._capacity: int | None = None  # cached; node, state and health changes reset it
@@ -170,7 +170,7 @@ class Cluster:
         self._free[node.node_id] = new
         self._free_total += new
         self._by_free.add((new, node.node_id))
-        self._by_free_rack.setdefault(node.rack, SortedList()).add((new, node.node_id))
+        self._by_free_rack.setdefault(node.rack, SortedKeys()).add((new, node.node_id))
         self._touch(node.node_id)
 
     def _touch(self, node_id: str) -> None:
@@ -186,7 +186,9 @@ class Cluster:
             if old_free is not None:
                 self._free_total -= old_free
                 self._by_free.discard((old_free, node.node_id))
-                self._by_free_rack.get(old.rack, SortedList()).discard((old_free, node.node_id))
+                rack_index = self._by_free_rack.get(old.rack)
+                if rack_index is not None:
+                    rack_index.discard((old_free, node.node_id))
         node.islands = nvlink_islands(node.gpus.values())
         self.nodes[node.node_id] = node
         self._capacity = None
@@ -243,7 +245,7 @@ class Cluster:
         index = self._by_free if rack is None else self._by_free_rack.get(rack)
         if index is None:
             return
-        for _, node_id in index.irange((max(at_least, 1), "")):
+        for _, node_id in index.from_key((max(at_least, 1), "")):
             yield self.nodes[node_id]
 
     @property

@@ -15,8 +15,6 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from sortedcontainers import SortedList
-
 from gpurm.queues.tree import Policy, QueueTree, acl_allows, default_tree
 from gpurm.rm import preemption, priority
 from gpurm.rm.cluster import Cluster, GpuRecord, Node, NodeState
@@ -35,6 +33,7 @@ from gpurm.rm.model import (
 )
 from gpurm.rm.queuebook import QueueBook
 from gpurm.rm.scheduler import App, Ask, Grant, Scheduler, subtract_grants
+from gpurm.rm.sortedkeys import SortedKeys
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +238,7 @@ class RMCore:
         self.live_by_job: dict[str, dict[str, Container]] = {}   # the same, per job
         self.unstarted: dict[str, None] = {}      # learner grants not yet seen running
         # Unfinished jobs without a running AM, per queue, in launch order: (restarts first, submit order).
-        self.needs_am: dict[str, SortedList] = {}
+        self.needs_am: dict[str, SortedKeys[tuple[int, int, str]]] = {}
         self.live_ams: dict[str, dict[str, None]] = {}  # node -> its live AM containers
         self.with_am: dict[str, None] = {}        # unfinished jobs whose AM container lives (ordered: determinism)
         self.with_am_by_queue: dict[str, dict[str, None]] = {}   # the same, per queue
@@ -387,7 +386,7 @@ class RMCore:
 
     def _want_am(self, job: Job) -> None:
         key = (0 if job.admitted else 1, job.seq, job.job_id)
-        self.needs_am.setdefault(job.queue, SortedList()).add(key)
+        self.needs_am.setdefault(job.queue, SortedKeys()).add(key)
 
     def _drop_am_wish(self, job: Job) -> None:
         entries = self.needs_am.get(job.queue)
@@ -554,7 +553,7 @@ class RMCore:
         active, acquiring = self._am_counts() if limited else (0, {})
         by_load = [(len(self.live_ams.get(n.node_id, ())), n.node_id) for n in nodes]   # a heap: least loaded first
         heapq.heapify(by_load)
-        heads = [(entries[0], queue) for queue, entries in self.needs_am.items() if entries]
+        heads = [(entries.first(), queue) for queue, entries in self.needs_am.items() if entries]
         heapq.heapify(heads)
         while heads:
             key, queue = heapq.heappop(heads)
@@ -568,12 +567,12 @@ class RMCore:
                     continue      # this queue is full: its later jobs wait too
                 active += 1
                 acquiring[queue] = acquiring.get(queue, 0) + 1
-            entries.pop(0)
+            entries.pop_first()
             count, node_id = by_load[0]
             heapq.heapreplace(by_load, (count + 1, node_id))
             self._start_am(job, node_id, now)
             if entries:
-                heapq.heappush(heads, (entries[0], queue))
+                heapq.heappush(heads, (entries.first(), queue))
 
     def queued_reason(self, job: Job) -> str:
         """Why a job has no AM yet (computed when asked, so a long backlog costs nothing while it waits)."""

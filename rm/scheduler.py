@@ -20,12 +20,11 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from sortedcontainers import SortedList
-
 from gpurm.queues.tree import Policy, QueueDef
 from gpurm.rm.cluster import Cluster, pick_gpus
 from gpurm.rm.priority import Standing, rank
 from gpurm.rm.queuebook import QueueBook
+from gpurm.rm.sortedkeys import SortedKeys
 
 
 @dataclass
@@ -120,7 +119,7 @@ class Scheduler:
             queues[leaf] = deque(members)
         # Leaves that want more than they use while below their share: nobody else may go above theirs.
         waiting = set(self.book.waiting(shares))     # a copy: this pass changes it as queues reach their share
-        children: dict[str, SortedList] = {}
+        children: dict[str, SortedKeys[tuple[float, str]]] = {}
         keys: dict[str, tuple[float, str]] = {}
 
         inst, used = shares.instantaneous, self.book.used
@@ -135,7 +134,7 @@ class Scheduler:
             q: QueueDef | None = tree.by_path[leaf]
             while q is not None and q.parent is not None:
                 parent = q.parent.path
-                siblings = children.setdefault(parent, SortedList())
+                siblings = children.setdefault(parent, SortedKeys())
                 if q.path not in keys:
                     keys[q.path] = key(q.path)
                     siblings.add(keys[q.path])
@@ -162,9 +161,9 @@ class Scheduler:
 
         grants: list[Grant] = []
         while children.get("root"):
-            path = children["root"][0][1]
+            path = children["root"].first()[1]
             while path in children:
-                path = children[path][0][1]
+                path = children[path].first()[1]
             leaf_q = tree.by_path[path]
             line = queues[path]
             app = line[0]

@@ -26,8 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
-from sortedcontainers import SortedList
-
 from gpurm.am.master import AttemptRecord, Ended, Held, Launch, Master, Phase, Stop
 from gpurm.am.placement import ServerView, View
 from gpurm.queues.tree import Policy, QueueTree
@@ -37,6 +35,7 @@ from gpurm.rm.core import AttemptUpdate, ContainerReport, LaunchAM, NodeRegistra
 from gpurm.rm.jobspec import JobSpec, Locality
 from gpurm.rm.model import Container, ContainerKind, ExitKind, JobState
 from gpurm.rm.scheduler import Ask
+from gpurm.rm.sortedkeys import SortedKeys
 from gpurm.sim.clusterspec import SimServer
 from gpurm.sim.metrics import JobResult, Timeline
 from gpurm.sim.trace import Trace, TraceJob
@@ -46,11 +45,12 @@ log = logging.getLogger(__name__)
 # Event kinds, in the order they are handled when simultaneous.
 FINISH, FAIL, ARRIVE, TIMER, CHECK = range(5)
 SETTLE_LIMIT = 10000           # rounds of driving AMs after one event (a bug guard: real settles take a few)
-WAKE_SCAN = 256
+WAKE_SCAN = 256                # idle AMs looked at per queue when GPUs come free
+IdleKey = tuple[tuple[float, float, int], int, str]   # an idle AM: (its job's rank, GPUs, job id)
 # The virtual clock the cores see starts here, not at 0: the RM's records use 0.0 for "never" (a learner that
 # started at 0.0 would look unstarted), as real clocks never read 0. Everything reported is counted from the
 # trace's first submission again. A power of two, so adding it keeps the trace's times exact.
-ORIGIN = float(2**20)                # idle AMs looked at per queue when GPUs come free
+ORIGIN = float(2**20)
 
 
 @dataclass
@@ -129,12 +129,12 @@ class Engine:
         # (GPUs, job id) of idle AMs: planning or backing off, holding and asking nothing. They get no timer
         # events; GPUs coming free wake them, and they catch up on their timers first (Master.catch_up).
         # Per leaf queue, in the queue's policy order: (rank, GPUs, job id). See wake_planners.
-        self.idle: dict[str, SortedList] = {}
-        self.idle_key: dict[str, tuple[str, tuple[object, ...]]] = {}
+        self.idle: dict[str, SortedKeys[IdleKey]] = {}
+        self.idle_key: dict[str, tuple[str, IdleKey]] = {}
         # The same, less the dormant AMs: backing off with a timer armed for the back-off's end. Waking passes over
         # them (nothing to catch up, nothing to arm), so while a queue's list is within WAKE_SCAN the pass reads
         # this one instead: the same AMs, in the same order, that would act.
-        self.idle_active: dict[str, SortedList] = {}
+        self.idle_active: dict[str, SortedKeys[IdleKey]] = {}
         self.dormant: dict[str, None] = {}
         # Servers each acquiring AM (holding nothing) waits on: a grant there may have taken them from it.
         self.asked_on: dict[str, dict[str, None]] = {}
@@ -351,7 +351,7 @@ class Engine:
             # Nothing below changes the idle index, so it is read in place (the first WAKE_SCAN entries). The loop
             # changes which AMs are dormant, so it reads a copy when it reads the list of active ones.
             members = self.idle[queue]
-            entries = list(self.idle_active[queue]) if len(members) <= WAKE_SCAN else members.islice(0, WAKE_SCAN)
+            entries = list(self.idle_active[queue]) if len(members) <= WAKE_SCAN else members.head(WAKE_SCAN)
             for entry in entries:
                 gpus, job_id = entry[1], entry[2]
                 if gpus > free:
@@ -384,8 +384,8 @@ class Engine:
             leaf = self.core.queues.tree.by_path[job.queue]
             rank = priority.rank(self.core.scheduler.policy_of(leaf), now)(self.core.standing(job, now))
             key = (rank, am.trace.gpus, am.job_id)
-            self.idle.setdefault(job.queue, SortedList()).add(key)
-            self.idle_active.setdefault(job.queue, SortedList()).add(key)
+            self.idle.setdefault(job.queue, SortedKeys()).add(key)
+            self.idle_active.setdefault(job.queue, SortedKeys()).add(key)
             self.idle_key[am.job_id] = (job.queue, key)
             self.sync_dormant(am)
 
