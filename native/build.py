@@ -33,6 +33,7 @@ from gpurm.native import (
     source_hashes,
     stamp_matches,
 )
+from gpurm.native.dataclass_inits import write_inits
 
 # Every package a compiled module imports from must be in the scratch tree for mypy to type it.
 PACKAGES = ("proto", "queues", "rm", "am", "nodeagent", "sim", "cli", "native")
@@ -52,6 +53,9 @@ def build() -> None:
         for pkg in PACKAGES:
             shutil.copytree(ROOT / pkg, scratch / "gpurm" / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
         shutil.copy(ROOT / "pyproject.toml", scratch / "pyproject.toml")     # the mypy settings
+        for pkg, name in MODULES:
+            copy = scratch / "gpurm" / pkg / name
+            copy.write_text(write_inits(copy.read_text()))
         paths = [f"gpurm/{pkg}/{name}" for pkg, name in MODULES]
         (scratch / "setup.py").write_text(SETUP.format(paths=paths, group=GROUP))
         jobs = str(max(1, len(os.sched_getaffinity(0))))
