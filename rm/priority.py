@@ -142,12 +142,12 @@ def in_queue_victims(policy: Policy, now: float, waiting: Sequence[Standing], ru
     pool = sorted((r for r in running if now - r.running_since >= min_run_s), key=lambda r: rk[r.job_id],
                   reverse=True)
 
-    def index(pool: list[Standing]) -> tuple[_Spread, list[tuple[float, float]], list[int]]:
-        """Where the pool's jobs hold GPUs, their ranks negated, and the GPUs of the first n of them."""
-        return (_Spread(pool, held), [(-rk[r.job_id][0], -rk[r.job_id][1]) for r in pool],
-                list(itertools.accumulate((r.gpus for r in pool), initial=0)))
-
-    on, negated, room_gpus = index(pool)
+    # Where the pool's jobs hold GPUs, their ranks negated, and the GPUs of the first n of them. Victims leave
+    # the pool in place (their GPUs count no more), so the places and ranks stay as they are.
+    on = _Spread(pool, held)
+    negated = [(-rk[r.job_id][0], -rk[r.job_id][1]) for r in pool]
+    room_gpus = list(itertools.accumulate((r.gpus for r in pool), initial=0))
+    gone: set[str] = set()
     # Sizes no room could be made for since victims were last chosen: a job further down outranks no more
     # jobs (`pool[:n]` only shrinks) and finds no more idle GPUs, so it cannot fare better.
     hopeless: set[tuple[int, str]] = set()
@@ -175,9 +175,9 @@ def in_queue_victims(policy: Policy, now: float, waiting: Sequence[Standing], ru
                     free[node_id] += gpus
                     idle += gpus
         idle -= _occupy(free, [r for r in servers if r.node_id in used], w.gpus)
-        gone = set(victim_ids)
-        pool = [r for r in pool if r.job_id not in gone]
-        on, negated, room_gpus = index(pool)
+        gone.update(victim_ids)
+        on.drop(victim_ids, held)
+        room_gpus = list(itertools.accumulate((0 if r.job_id in gone else r.gpus for r in pool), initial=0))
         hopeless.clear()
     return victims
 
@@ -188,11 +188,40 @@ class _Spread:
 
     def __init__(self, pool: Sequence[Standing], held: Mapping[str, Mapping[str, int]]) -> None:
         self.entries: dict[str, list[tuple[int, Standing, int]]] = {}
+        self.orders: dict[str, list[int]] = {}
+        self.sums: dict[str, list[int]] = {}
         for order, r in enumerate(pool):
-            for node_id, g in held.get(r.job_id, {}).items():
-                self.entries.setdefault(node_id, []).append((order, r, g))
-        self.orders = {n: [o for o, _, _ in e] for n, e in self.entries.items()}
-        self.sums = {n: list(itertools.accumulate((g for _, _, g in e), initial=0)) for n, e in self.entries.items()}
+            where = held.get(r.job_id)
+            if where is None:
+                continue
+            for node_id, g in where.items():
+                orders = self.orders.get(node_id)
+                if orders is None:
+                    self.entries[node_id] = [(order, r, g)]
+                    self.orders[node_id] = [order]
+                    self.sums[node_id] = [0, g]
+                else:
+                    self.entries[node_id].append((order, r, g))
+                    orders.append(order)
+                    sums = self.sums[node_id]
+                    sums.append(sums[-1] + g)
+
+    def drop(self, job_ids: Sequence[str], held: Mapping[str, Mapping[str, int]]) -> None:
+        """Take these jobs out (their places stay: the others' do not move)."""
+        out = set(job_ids)
+        for node_id in {node_id for job_id in job_ids for node_id in held.get(job_id, {})}:
+            entries = [e for e in self.entries.get(node_id, []) if e[1].job_id not in out]
+            if not entries:
+                self.entries.pop(node_id, None)
+                self.orders.pop(node_id, None)
+                self.sums.pop(node_id, None)
+                continue
+            sums = [0]
+            for e in entries:
+                sums.append(sums[-1] + e[2])
+            self.entries[node_id] = entries
+            self.orders[node_id] = [e[0] for e in entries]
+            self.sums[node_id] = sums
 
     def gpus_of_first(self, node_id: str, n: int) -> int:
         orders = self.orders.get(node_id)
