@@ -3,10 +3,12 @@
 mypyc compiles a dataclass's own methods, but the `__init__` that `@dataclass` generates at import is plain
 Python built by `exec`, and the simulator spends about a tenth of its time in those. A class that defines its own
 `__init__` keeps it (`@dataclass` only adds methods the class lacks), so the build gives each dataclass of a
-compiled module the `__init__` that `@dataclass` would have generated, as source, before mypyc sees it; the
-sources in the repository stay plain dataclasses. `frozen=True` becomes `unsafe_hash=True` in that copy: the same
-`__eq__` and `__hash__`, without the `__setattr__` guard (which would stop the written-out `__init__`; mypy has
-already checked on the real sources that nothing assigns to a frozen field).
+compiled module the `__init__` that `@dataclass` would have generated, as source, before mypyc sees it. It also
+sets the `init=False` fields that have a default, which `@dataclass` leaves to the class attribute and a compiled
+class would leave unset. The sources in the repository stay plain dataclasses. `frozen=True` becomes
+`unsafe_hash=True` in that copy: the same `__eq__` and `__hash__`, without the `__setattr__` guard (which would
+stop the written-out `__init__`; mypy has already checked on the real sources that nothing assigns to a frozen
+field).
 
 Classes this does not handle exactly are left alone: a class with bases, its own `__init__`, `InitVar` or
 `ClassVar` fields, or `@dataclass` options other than `frozen`, `eq`, `order`, `repr` and `unsafe_hash`.

@@ -48,10 +48,6 @@ class QueueDef:
     _submit: set[str] | None = field(default=None, init=False, repr=False, compare=False)
     _admin: set[str] | None = field(default=None, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        # Set here as well: mypyc leaves a compiled dataclass's init=False fields unset.
-        self._preemptible = self._policy = self._submit = self._admin = None
-
     @property
     def leaf(self) -> bool:
         return not self.children

@@ -274,8 +274,8 @@ class RMCore:
         self._runs: dict[str, tuple[tuple[int, float], ...]] = {}
         self._idle_standing: dict[str, tuple[tuple[float, float, float, float], priority.Standing]] = {}
         self._idle_rank: dict[str, tuple[Policy, priority.Standing, tuple[float, float, int], float]] = {}
-        # Queues whose in-queue ranks cannot call for a preemption before the given time unless one of their jobs
-        # changes (an AM comes or goes, learners come, start or go, a job is preempted): see preempt_in_queue.
+        # What in-queue preemption last found per queue, and the jobs changed since (an AM comes or goes, learners
+        # come, start or go, a job is preempted, its locality level moves): see preempt_in_queue.
         self._inqueue_looks: dict[str, InQueueLook] = {}
         self._rooms_cache: tuple[int, list[tuple[str, str, int]]] | None = None
         self._run_rank: dict[str, tuple[tuple[tuple[int, float], ...], Policy, tuple[float, float], float, float]] = {}
@@ -1345,21 +1345,23 @@ class RMCore:
             waiting_since=job.idle_since, remaining_gpu_s=max(0.0, job.expected_gpu_s - attained),
             running_since=min(started for _, started in runs))
 
-    def _rooms(self) -> list[priority.Room]:
-        """The servers as in-queue preemption sees them (their shapes cached until nodes or health change)."""
+    def _room_shapes(self) -> list[tuple[str, str, int]]:
+        """(server, domain, GPUs offered) of the servers on offer, cached until nodes or health change."""
         cluster = self.cluster
         if self._rooms_cache is None or self._rooms_cache[0] != cluster.shape_version:
             self._rooms_cache = (cluster.shape_version, [(n.node_id, n.ib_domain or n.rack, n.healthy_gpus)
                                                          for n in cluster.nodes.values() if n.offering])
-        return [priority.Room(node_id, domain, size, cluster.free(node_id))
-                for node_id, domain, size in self._rooms_cache[1]]
+        return self._rooms_cache[1]
+
+    def _rooms(self) -> list[priority.Room]:
+        """The servers as in-queue preemption sees them."""
+        free = self.cluster.free
+        return [priority.Room(node_id, domain, size, free(node_id)) for node_id, domain, size in self._room_shapes()]
 
     def _idle_on(self) -> list[int]:
         """Idle GPUs per server, in `_rooms` order (valid while the shape version stays)."""
-        self._rooms()
-        assert self._rooms_cache is not None
         free = self.cluster.free
-        return [free(node_id) for node_id, _, _ in self._rooms_cache[1]]
+        return [free(node_id) for node_id, _, _ in self._room_shapes()]
 
     def _being_preempted(self) -> set[str]:
         return {self.containers[cid].job_id for cid in self.preempting}
@@ -1452,8 +1454,11 @@ class RMCore:
             pairs = priority.in_queue_victims(policy, now, candidates, running, servers, held, min_run, levels, fits)
             if not pairs and not fits:
                 # With fewer idle GPUs, and running jobs that rank the same or better, no room appears that was
-                # not there: until `quiet`, only its jobs' changes or GPUs coming idle can change this answer.
-                look.stuck = (self.cluster.shape_version, self._idle_on())
+                # not there: only its jobs' changes, its timers or GPUs coming idle can change this answer. (This
+                # call's preemptions only set deadlines: the idle GPUs are still as they were.)
+                if idle_on is None:
+                    idle_on = self._idle_on()
+                look.stuck = (self.cluster.shape_version, idle_on)
                 self._inqueue_looks[queue] = look
                 continue
             for job_id in fits:

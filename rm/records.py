@@ -74,7 +74,6 @@ def _load(hint: Any, value: Any) -> Any:
     return value
 
 
-
 def _source_hints(cls: type) -> dict[str, Any] | None:
     """The field annotations of a class compiled by mypyc (gpurm.native), read from its source: compiled classes
     keep only erased ones (`dict`, not `dict[int, GpuRecord]`), too little to rebuild nested records. None for a
