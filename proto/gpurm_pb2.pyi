@@ -41,6 +41,12 @@ class ContainerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CONTAINER_FAILED_TO_START: _ClassVar[ContainerState]
     CONTAINER_LOST: _ClassVar[ContainerState]
 
+class TokenPurpose(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOKEN_PURPOSE_UNSPECIFIED: _ClassVar[TokenPurpose]
+    TOKEN_CONTAINER: _ClassVar[TokenPurpose]
+    TOKEN_READ_LOG: _ClassVar[TokenPurpose]
+
 class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
@@ -88,6 +94,9 @@ CONTAINER_RUNNING: ContainerState
 CONTAINER_EXITED: ContainerState
 CONTAINER_FAILED_TO_START: ContainerState
 CONTAINER_LOST: ContainerState
+TOKEN_PURPOSE_UNSPECIFIED: TokenPurpose
+TOKEN_CONTAINER: TokenPurpose
+TOKEN_READ_LOG: TokenPurpose
 JOB_STATE_UNSPECIFIED: JobState
 JOB_QUEUED: JobState
 JOB_ALLOCATING: JobState
@@ -215,18 +224,20 @@ class NvlinkIsland(_message.Message):
     def __init__(self, gpus: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ClusterView(_message.Message):
-    __slots__ = ("version", "time_ms", "nodes", "base_version", "delta")
+    __slots__ = ("version", "time_ms", "nodes", "base_version", "delta", "epoch")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TIME_MS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     version: int
     time_ms: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeView]
     base_version: int
     delta: bool
-    def __init__(self, version: _Optional[int] = ..., time_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeView, _Mapping]]] = ..., base_version: _Optional[int] = ..., delta: _Optional[bool] = ...) -> None: ...
+    epoch: int
+    def __init__(self, version: _Optional[int] = ..., time_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeView, _Mapping]]] = ..., base_version: _Optional[int] = ..., delta: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class ContainerStatus(_message.Message):
     __slots__ = ("container_id", "job_id", "kind", "state", "pid", "exit_code", "signal", "stopped", "diagnostics", "start_ms", "end_ms", "gpu_indices", "node_id", "infra_failure")
@@ -261,7 +272,7 @@ class ContainerStatus(_message.Message):
     def __init__(self, container_id: _Optional[str] = ..., job_id: _Optional[str] = ..., kind: _Optional[_Union[ContainerKind, str]] = ..., state: _Optional[_Union[ContainerState, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., stopped: _Optional[bool] = ..., diagnostics: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., node_id: _Optional[str] = ..., infra_failure: _Optional[bool] = ...) -> None: ...
 
 class ContainerTokenPayload(_message.Message):
-    __slots__ = ("container_id", "job_id", "node_id", "gpu_indices", "kind", "user", "expiry_ms", "attempt", "cpus", "memory_mib")
+    __slots__ = ("container_id", "job_id", "node_id", "gpu_indices", "kind", "user", "expiry_ms", "attempt", "cpus", "memory_mib", "purpose")
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -272,6 +283,7 @@ class ContainerTokenPayload(_message.Message):
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     CPUS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    PURPOSE_FIELD_NUMBER: _ClassVar[int]
     container_id: str
     job_id: str
     node_id: str
@@ -282,7 +294,8 @@ class ContainerTokenPayload(_message.Message):
     attempt: int
     cpus: int
     memory_mib: int
-    def __init__(self, container_id: _Optional[str] = ..., job_id: _Optional[str] = ..., node_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., kind: _Optional[_Union[ContainerKind, str]] = ..., user: _Optional[str] = ..., expiry_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ...) -> None: ...
+    purpose: TokenPurpose
+    def __init__(self, container_id: _Optional[str] = ..., job_id: _Optional[str] = ..., node_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., kind: _Optional[_Union[ContainerKind, str]] = ..., user: _Optional[str] = ..., expiry_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., purpose: _Optional[_Union[TokenPurpose, str]] = ...) -> None: ...
 
 class ContainerToken(_message.Message):
     __slots__ = ("payload", "signature", "key_id")
@@ -447,7 +460,7 @@ class Job(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., submit_ms: _Optional[int] = ..., start_ms: _Optional[int] = ..., finish_ms: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., diagnostics: _Optional[str] = ..., exit_code: _Optional[int] = ..., am_attempt: _Optional[int] = ..., am_node: _Optional[str] = ..., gpus_held: _Optional[int] = ..., preemptible: _Optional[bool] = ..., preemptions: _Optional[int] = ..., failures: _Optional[int] = ..., live_containers: _Optional[int] = ..., waiting_reason: _Optional[str] = ..., attained_gpu_s: _Optional[float] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "host", "agent_port", "rack", "ib_domain", "gpus", "cpus", "memory_mib", "containers", "agent_version", "agent_instance", "healthy", "health_report")
+    __slots__ = ("node_id", "host", "agent_port", "rack", "ib_domain", "gpus", "cpus", "memory_mib", "containers", "agent_version", "agent_instance", "healthy", "health_report", "join_time_ms", "join_proof")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     AGENT_PORT_FIELD_NUMBER: _ClassVar[int]
@@ -461,6 +474,8 @@ class RegisterNodeRequest(_message.Message):
     AGENT_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     HEALTH_REPORT_FIELD_NUMBER: _ClassVar[int]
+    JOIN_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    JOIN_PROOF_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     host: str
     agent_port: int
@@ -474,26 +489,34 @@ class RegisterNodeRequest(_message.Message):
     agent_instance: str
     healthy: bool
     health_report: str
-    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., agent_port: _Optional[int] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., agent_version: _Optional[str] = ..., agent_instance: _Optional[str] = ..., healthy: _Optional[bool] = ..., health_report: _Optional[str] = ...) -> None: ...
+    join_time_ms: int
+    join_proof: bytes
+    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., agent_port: _Optional[int] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., agent_version: _Optional[str] = ..., agent_instance: _Optional[str] = ..., healthy: _Optional[bool] = ..., health_report: _Optional[str] = ..., join_time_ms: _Optional[int] = ..., join_proof: _Optional[bytes] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
-    __slots__ = ("session", "heartbeat_interval_ms", "token_key", "token_key_id", "mqtt_url", "stop_containers")
+    __slots__ = ("session", "heartbeat_interval_ms", "token_key", "token_key_id", "mqtt_url", "stop_containers", "mqtt_username", "mqtt_password", "epoch")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_KEY_FIELD_NUMBER: _ClassVar[int]
     TOKEN_KEY_ID_FIELD_NUMBER: _ClassVar[int]
     MQTT_URL_FIELD_NUMBER: _ClassVar[int]
     STOP_CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    MQTT_USERNAME_FIELD_NUMBER: _ClassVar[int]
+    MQTT_PASSWORD_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     session: str
     heartbeat_interval_ms: int
     token_key: bytes
     token_key_id: int
     mqtt_url: str
     stop_containers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, session: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., token_key: _Optional[bytes] = ..., token_key_id: _Optional[int] = ..., mqtt_url: _Optional[str] = ..., stop_containers: _Optional[_Iterable[str]] = ...) -> None: ...
+    mqtt_username: str
+    mqtt_password: str
+    epoch: int
+    def __init__(self, session: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., token_key: _Optional[bytes] = ..., token_key_id: _Optional[int] = ..., mqtt_url: _Optional[str] = ..., stop_containers: _Optional[_Iterable[str]] = ..., mqtt_username: _Optional[str] = ..., mqtt_password: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class NodeHeartbeat(_message.Message):
-    __slots__ = ("node_id", "session", "seq", "containers", "gpu_health", "healthy", "health_report", "usage")
+    __slots__ = ("node_id", "session", "seq", "containers", "gpu_health", "healthy", "health_report", "usage", "telemetry")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -502,6 +525,7 @@ class NodeHeartbeat(_message.Message):
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     HEALTH_REPORT_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     session: str
     seq: int
@@ -510,7 +534,8 @@ class NodeHeartbeat(_message.Message):
     healthy: bool
     health_report: str
     usage: _containers.RepeatedCompositeFieldContainer[ContainerUsage]
-    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., seq: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., gpu_health: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., healthy: _Optional[bool] = ..., health_report: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[ContainerUsage, _Mapping]]] = ...) -> None: ...
+    telemetry: bytes
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., seq: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., gpu_health: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., healthy: _Optional[bool] = ..., health_report: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[ContainerUsage, _Mapping]]] = ..., telemetry: _Optional[bytes] = ...) -> None: ...
 
 class ContainerUsage(_message.Message):
     __slots__ = ("container_id", "summary")
@@ -573,20 +598,26 @@ class ContainerGrant(_message.Message):
     def __init__(self, container_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., agent_port: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., token: _Optional[_Union[ContainerToken, _Mapping]] = ..., preemptible: _Optional[bool] = ..., rack: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class RegisterAMResponse(_message.Message):
-    __slots__ = ("job", "held", "held_status", "mqtt_url", "allocate_interval_ms", "view")
+    __slots__ = ("job", "held", "held_status", "mqtt_url", "allocate_interval_ms", "view", "mqtt_username", "mqtt_password", "am_token")
     JOB_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     HELD_STATUS_FIELD_NUMBER: _ClassVar[int]
     MQTT_URL_FIELD_NUMBER: _ClassVar[int]
     ALLOCATE_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     VIEW_FIELD_NUMBER: _ClassVar[int]
+    MQTT_USERNAME_FIELD_NUMBER: _ClassVar[int]
+    MQTT_PASSWORD_FIELD_NUMBER: _ClassVar[int]
+    AM_TOKEN_FIELD_NUMBER: _ClassVar[int]
     job: Job
     held: _containers.RepeatedCompositeFieldContainer[ContainerGrant]
     held_status: _containers.RepeatedCompositeFieldContainer[ContainerStatus]
     mqtt_url: str
     allocate_interval_ms: int
     view: ClusterView
-    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., held: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., held_status: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., mqtt_url: _Optional[str] = ..., allocate_interval_ms: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ...) -> None: ...
+    mqtt_username: str
+    mqtt_password: str
+    am_token: str
+    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., held: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., held_status: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., mqtt_url: _Optional[str] = ..., allocate_interval_ms: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ..., mqtt_username: _Optional[str] = ..., mqtt_password: _Optional[str] = ..., am_token: _Optional[str] = ...) -> None: ...
 
 class ResourceAsk(_message.Message):
     __slots__ = ("node_id", "rack", "gpus", "count", "gpu_indices")
@@ -655,7 +686,7 @@ class PreemptionNotice(_message.Message):
     def __init__(self, container_ids: _Optional[_Iterable[str]] = ..., deadline_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class AllocateResponse(_message.Message):
-    __slots__ = ("response_id", "grants", "completed", "preemption", "kill_requested", "cluster_gpus", "view", "preemptible_containers")
+    __slots__ = ("response_id", "grants", "completed", "preemption", "kill_requested", "cluster_gpus", "view", "preemptible_containers", "renewed", "am_token")
     RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
     GRANTS_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_FIELD_NUMBER: _ClassVar[int]
@@ -664,6 +695,8 @@ class AllocateResponse(_message.Message):
     CLUSTER_GPUS_FIELD_NUMBER: _ClassVar[int]
     VIEW_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIBLE_CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    RENEWED_FIELD_NUMBER: _ClassVar[int]
+    AM_TOKEN_FIELD_NUMBER: _ClassVar[int]
     response_id: int
     grants: _containers.RepeatedCompositeFieldContainer[ContainerGrant]
     completed: _containers.RepeatedCompositeFieldContainer[ContainerStatus]
@@ -672,7 +705,9 @@ class AllocateResponse(_message.Message):
     cluster_gpus: int
     view: ClusterView
     preemptible_containers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, response_id: _Optional[int] = ..., grants: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., completed: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., preemption: _Optional[_Union[PreemptionNotice, _Mapping]] = ..., kill_requested: _Optional[bool] = ..., cluster_gpus: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ..., preemptible_containers: _Optional[_Iterable[str]] = ...) -> None: ...
+    renewed: _containers.RepeatedCompositeFieldContainer[ContainerGrant]
+    am_token: str
+    def __init__(self, response_id: _Optional[int] = ..., grants: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., completed: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., preemption: _Optional[_Union[PreemptionNotice, _Mapping]] = ..., kill_requested: _Optional[bool] = ..., cluster_gpus: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ..., preemptible_containers: _Optional[_Iterable[str]] = ..., renewed: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., am_token: _Optional[str] = ...) -> None: ...
 
 class FinishAMRequest(_message.Message):
     __slots__ = ("job_id", "am_attempt", "final_state", "diagnostics", "exit_code", "attempts")
@@ -843,18 +878,34 @@ class ClusterInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ClusterInfo(_message.Message):
-    __slots__ = ("mqtt_url", "version", "gpus_total", "nodes", "started_ms")
+    __slots__ = ("mqtt_url", "version", "gpus_total", "nodes", "started_ms", "insecure", "caller", "caller_admin", "epoch", "store_error", "warnings", "mqtt_username", "mqtt_password")
     MQTT_URL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GPUS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     STARTED_MS_FIELD_NUMBER: _ClassVar[int]
+    INSECURE_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    CALLER_ADMIN_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STORE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    MQTT_USERNAME_FIELD_NUMBER: _ClassVar[int]
+    MQTT_PASSWORD_FIELD_NUMBER: _ClassVar[int]
     mqtt_url: str
     version: str
     gpus_total: int
     nodes: int
     started_ms: int
-    def __init__(self, mqtt_url: _Optional[str] = ..., version: _Optional[str] = ..., gpus_total: _Optional[int] = ..., nodes: _Optional[int] = ..., started_ms: _Optional[int] = ...) -> None: ...
+    insecure: bool
+    caller: str
+    caller_admin: bool
+    epoch: int
+    store_error: str
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    mqtt_username: str
+    mqtt_password: str
+    def __init__(self, mqtt_url: _Optional[str] = ..., version: _Optional[str] = ..., gpus_total: _Optional[int] = ..., nodes: _Optional[int] = ..., started_ms: _Optional[int] = ..., insecure: _Optional[bool] = ..., caller: _Optional[str] = ..., caller_admin: _Optional[bool] = ..., epoch: _Optional[int] = ..., store_error: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ..., mqtt_username: _Optional[str] = ..., mqtt_password: _Optional[str] = ...) -> None: ...
 
 class GetClusterViewRequest(_message.Message):
     __slots__ = ()
@@ -923,10 +974,12 @@ class StopContainerResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[ContainerStatus, _Mapping]] = ...) -> None: ...
 
 class ContainerStatusRequest(_message.Message):
-    __slots__ = ("container_ids",)
+    __slots__ = ("container_ids", "tokens")
     CONTAINER_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
     container_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, container_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    tokens: _containers.RepeatedCompositeFieldContainer[ContainerToken]
+    def __init__(self, container_ids: _Optional[_Iterable[str]] = ..., tokens: _Optional[_Iterable[_Union[ContainerToken, _Mapping]]] = ...) -> None: ...
 
 class ContainerStatusResponse(_message.Message):
     __slots__ = ("statuses",)
@@ -935,14 +988,16 @@ class ContainerStatusResponse(_message.Message):
     def __init__(self, statuses: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ...) -> None: ...
 
 class ReadLogRequest(_message.Message):
-    __slots__ = ("container_id", "offset", "max_bytes")
+    __slots__ = ("container_id", "offset", "max_bytes", "token")
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     container_id: str
     offset: int
     max_bytes: int
-    def __init__(self, container_id: _Optional[str] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+    token: ContainerToken
+    def __init__(self, container_id: _Optional[str] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., token: _Optional[_Union[ContainerToken, _Mapping]] = ...) -> None: ...
 
 class ReadLogResponse(_message.Message):
     __slots__ = ("data", "next_offset", "size", "container_done")
@@ -957,10 +1012,12 @@ class ReadLogResponse(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., next_offset: _Optional[int] = ..., size: _Optional[int] = ..., container_done: _Optional[bool] = ...) -> None: ...
 
 class ReservePortRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "token")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    token: ContainerToken
+    def __init__(self, job_id: _Optional[str] = ..., token: _Optional[_Union[ContainerToken, _Mapping]] = ...) -> None: ...
 
 class ReservePortResponse(_message.Message):
     __slots__ = ("port",)
