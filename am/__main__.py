@@ -14,11 +14,12 @@ import sys
 
 from gpurm.am.runner import AMRunner
 from gpurm.queues.fields import ConfigError
+from gpurm.rm.textsafe import setup_logging
 from gpurm.rm.tls import tls_from_env
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(logging.INFO)
     missing = [v for v in ("GPURM_RM", "GPURM_JOB_ID", "GPURM_AM_ATTEMPT", "GPURM_AM_TOKEN") if not os.environ.get(v)]
     if missing:
         sys.stderr.write(f"gpurm.am: missing environment {', '.join(missing)}; the AM is started by a node agent "

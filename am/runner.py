@@ -20,6 +20,7 @@ from gpurm.am.view import ViewFollower
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.rm import convert, tls
+from gpurm.rm.identity import AM_TOKEN_KEY
 from gpurm.rm.jobspec import JobSpec, spec_from_proto
 from gpurm.rm.model import FailureKind, JobState
 from gpurm.rm.tls import TLSConfig
@@ -78,7 +79,8 @@ class AMRunner:
         self.tls = tls_config  # mTLS to the RM and the agents (the node's certificate), None = plaintext
         self.job_id = job_id
         self.am_attempt = am_attempt
-        self.metadata = (("x-gpurm-am-token", am_token),)
+        self.metadata = ((AM_TOKEN_KEY, am_token),)
+        self.tokens: dict[str, pb.ContainerToken] = {}   # container id -> newest token (the RM renews them)
         self._agents: dict[str, grpc.aio.Channel] = {}
         self.channel: grpc.aio.Channel
         self.am: Any
@@ -109,6 +111,15 @@ class AMRunner:
                 await asyncio.sleep(delay * (0.5 + self.rng.random()))
                 delay = min(delay * 2, 5.0)
 
+    def _take_am_token(self, token: str) -> None:
+        if token:
+            self.metadata = ((AM_TOKEN_KEY, token),)
+
+    def _token(self, held: Held) -> pb.ContainerToken:
+        """The newest token for a held container (tokens expire in minutes; allocate replies renew them)."""
+        token = self.tokens.get(held.container_id, held.token)
+        return token if isinstance(token, pb.ContainerToken) else pb.ContainerToken()
+
     def _agent(self, host: str, port: int) -> pbg.ContainerManagerStub:
         address = f"{host}:{port}"
         ch = self._agents.get(address)
@@ -128,6 +139,9 @@ class AMRunner:
         reg = await self._rm_call("register", lambda: self.am.RegisterApplicationMaster(
             pb.RegisterAMRequest(job_id=self.job_id, am_attempt=self.am_attempt, host=socket.gethostname()),
             metadata=self.metadata, timeout=10))
+        self._take_am_token(reg.am_token)
+        for g in reg.held:
+            self.tokens[g.container_id] = g.token
         self.spec = spec_from_proto(reg.job.spec)
         self.interval = max(reg.allocate_interval_ms / 1000, 0.05) if reg.allocate_interval_ms else 0.5
         now = time.time()
@@ -164,9 +178,13 @@ class AMRunner:
                     req, metadata=self.metadata, timeout=10))
                 response_id = resp.response_id
                 now = time.time()
+                self._take_am_token(resp.am_token)
+                for g in [*resp.grants, *resp.renewed]:
+                    self.tokens[g.container_id] = g.token
                 for g in resp.grants:
                     master.on_grant(held_from_grant(g), now)
                 for s in resp.completed:
+                    self.tokens.pop(s.container_id, None)
                     ended = ended_from_status(s)
                     log.info("container %s ended: %s", s.container_id, ended.describe())
                     master.on_ended(ended, now)
@@ -231,7 +249,7 @@ class AMRunner:
         port = 29500
         try:
             reply = await self._agent(master_held.host, master_held.port).ReservePort(
-                pb.ReservePortRequest(job_id=self.job_id), timeout=AGENT_TIMEOUT_S)
+                pb.ReservePortRequest(job_id=self.job_id, token=self._token(master_held)), timeout=AGENT_TIMEOUT_S)
             port = reply.port
         except grpc.aio.AioRpcError as exc:
             log.warning("could not reserve a port on %s (%s); using %d", master_held.node_id, exc.details(), port)
@@ -243,7 +261,7 @@ class AMRunner:
     async def _start_one(self, held: Held, rank: int, env: dict[str, str], port: int) -> None:
         assert self.spec is not None and self.master is not None
         full_env = {**self.spec.env, **env, "MASTER_PORT": str(port), "GPURM_JOB_ID": self.job_id}
-        request = pb.StartContainerRequest(token=held.token, launch=pb.LaunchContext(
+        request = pb.StartContainerRequest(token=self._token(held), launch=pb.LaunchContext(
             argv=self.spec.command, env=full_env, workdir=self.spec.workdir))
         try:
             reply = await self._agent(held.host, held.port).StartContainer(request, timeout=AGENT_TIMEOUT_S)
@@ -266,7 +284,7 @@ class AMRunner:
             return          # adopted without an address: the RM stops it
         with contextlib.suppress(grpc.aio.AioRpcError):
             await self._agent(h.host, h.port).StopContainer(
-                pb.StopContainerRequest(container_id=h.container_id, token=h.token,
+                pb.StopContainerRequest(container_id=h.container_id, token=self._token(h),
                                         grace_ms=round(stop.grace_s * 1000), reason=stop.reason[:200]),
                 timeout=stop.grace_s + AGENT_TIMEOUT_S)
         self._wake.set()

@@ -10,11 +10,11 @@ from typing import Any
 
 from gpurm.cli.client import CliError
 from gpurm.queues.fields import ConfigError
+from gpurm.rm.textsafe import setup_logging
 
 
 def _logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(getattr(logging, level.upper(), logging.INFO))
 
 
 def _config_path(value: str | None) -> Path | None:

@@ -30,6 +30,7 @@ from gpurm.cli.client import CliError, current_user
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.fields import parse_duration
+from gpurm.rm.tokens import ClusterKeys, write_secret_file
 
 READY_TIMEOUT_S = 60.0
 PR_SET_PDEATHSIG = 1
@@ -98,15 +99,19 @@ class DevCluster:
             _set_dotted(rm_cfg, key, yaml.safe_load(value))
         rm_path = rm_dir / "rm.yaml"
         rm_path.write_text(yaml.safe_dump(rm_cfg, sort_keys=False))
+        # The cluster secret is made here rather than by the RM so each agent's node secret can be written
+        # before anything starts (a real cluster: `gpurm admin node-secret NODE` on the RM host).
+        keys = ClusterKeys.load(rm_dir / "token.key")
         agent_paths = []
         for i in range(1, a.nodes + 1):
             node = f"node-{i}"
             rack = f"rack-{(i - 1) * a.racks // a.nodes + 1}"
             adir = self.state_dir / "agents" / node
             adir.mkdir(parents=True, exist_ok=True)
+            secret = write_secret_file(adir / "node.secret", keys.node_key(node).secret.hex())
             cfg = {
                 "node_id": node, "host": "127.0.0.1", "listen": "127.0.0.1:0", "rm": self.address, "rack": rack,
-                "state_dir": str(adir),
+                "state_dir": str(adir), "node_secret_file": str(secret),
                 "gpus": {"fake": a.gpus_per_node, "model": "H100-80GB", "memory_mib": 81559,
                          "nvlink_islands": a.nvlink_islands},
                 # One machine, one person: every job runs as whoever started the dev cluster (a real node

@@ -37,6 +37,7 @@ def _sub(subs: argparse._SubParsersAction, name: str, help_text: str, example: s
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gpurm.cli import admin as admin_cli
     from gpurm.cli import cluster, daemons, devcluster, jobs, sim
 
     parser = argparse.ArgumentParser(
@@ -111,10 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = _sub(subs, "queues", "show the queue tree: shares, usage, demand", "  gpurm queues")
     p.set_defaults(func=cluster.cmd_queues)
 
-    admin = subs.add_parser("admin", help="operator commands (queues, draining)", formatter_class=Formatter,
+    admin = subs.add_parser("admin", help="operator commands (queues, draining, security)", formatter_class=Formatter,
                             description="operator commands", epilog="example:\n  gpurm admin drain node-3\n"
                             "  gpurm admin refresh-queues configs/queues.yaml\n"
-                            "  gpurm admin check-queues configs/queues.yaml --capacity 512")
+                            "  gpurm admin check-queues configs/queues.yaml --capacity 512\n"
+                            "  gpurm admin info")
     asubs = admin.add_subparsers(dest="admin_command", metavar="SUBCOMMAND")
     p = _sub(asubs, "refresh-queues", "load a new queue config into the running RM (all-or-nothing)",
              "  gpurm admin refresh-queues configs/queues.yaml\n  gpurm admin refresh-queues   # reread the RM's file")
@@ -130,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("node", help="node id")
     p.add_argument("--undo", action="store_true", help="offer the node's GPUs again")
     p.set_defaults(func=cluster.cmd_drain)
+    admin_cli.add_parsers(asubs, _sub)
     admin.set_defaults(func=lambda a: _missing_sub(admin))
 
     p = _sub(subs, "rm", "run the ResourceManager daemon", "  gpurm rm --config configs/rm.yaml", common=False)

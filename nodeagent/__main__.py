@@ -15,6 +15,7 @@ import yaml
 from gpurm.nodeagent.config import AgentConfig, ConfigError, load_agent_config
 from gpurm.nodeagent.daemon import EXIT_CONFIG, main
 from gpurm.nodeagent.gpus import GpuDiscoveryError
+from gpurm.rm.textsafe import setup_logging
 
 log = logging.getLogger("gpurm.nodeagent")
 
@@ -27,7 +28,7 @@ def _cli(argv: list[str]) -> int:
     parser.add_argument("--discover", action="store_true", help="print the GPUs and topology found, then exit")
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table", help="with --discover")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(logging.INFO)
     overrides: dict[str, object] = {}
     for item in args.set:
         key, sep, value = item.partition("=")

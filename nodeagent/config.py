@@ -10,7 +10,7 @@ import os
 import re
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,9 @@ import yaml
 
 from gpurm.nodeagent.identity import RunAsMode
 from gpurm.queues.fields import ConfigError, Problems, Reader, parse_address
+from gpurm.rm.limits import ServerLimits, read_limits
 from gpurm.rm.tls import TLSConfig, read_tls_section
+from gpurm.rm.tokens import TokenKey, parse_node_secret
 
 __all__ = [
     "DEFAULT_ENV_PASSTHROUGH",
@@ -94,6 +96,8 @@ class AgentConfig:
     health: HealthConfig = HealthConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     tls: TLSConfig | None = None  # mTLS for the RM stream, the ContainerManager server and this node's AMs
+    node_secret: TokenKey | None = None  # this node's key (`gpurm admin node-secret`): proves it without mTLS
+    limits: ServerLimits = field(default_factory=ServerLimits)
 
     @property
     def listen_port(self) -> int:
@@ -172,11 +176,51 @@ def load_agent_config(path: Path | None, overrides: Mapping[str, object] | None 
     health = _health(r.section("health"))
     telemetry = _telemetry(r.section("telemetry"))
     tls = read_tls_section(r, "tls", path.parent if path is not None else None)
+    node_secret = _node_secret(r, node_id, path.parent if path is not None else None, tls is not None)
+    limits = read_limits(r)
     r.reject_unknown()
     problems.raise_if_any()
     return AgentConfig(node_id=node_id, host=host, listen=listen, rm=rm, rack=rack, ib_domain=ib_domain,
                        state_dir=state_dir, gpus=gpus, containers=containers, cpus=cpus,
-                       memory_mib=memory_mib, health=health, telemetry=telemetry, tls=tls)
+                       memory_mib=memory_mib, health=health, telemetry=telemetry, tls=tls,
+                       node_secret=node_secret, limits=limits)
+
+
+NO_CREDENTIAL = ("the agent has no credential: set tls (mTLS, the node's certificate CN node:<node_id>) or "
+                 "node_secret_file (the file `gpurm admin node-secret NODE` writes on the RM host; "
+                 "docs/security.md)")
+
+
+def _node_secret(r: Reader, node_id: str, base: Path | None, has_tls: bool) -> TokenKey | None:
+    """The node secret from `node_secret_file` (preferred: a 0600 file) or `node_secret` (inline hex)."""
+    file_text = r.text("node_secret_file", "")
+    inline = r.text("node_secret", "")
+    if file_text and inline:
+        r.error("node_secret", "set only one of node_secret and node_secret_file")
+        return None
+    text, key = inline, "node_secret"
+    if file_text:
+        key = "node_secret_file"
+        path = Path(file_text).expanduser()
+        if base is not None and not path.is_absolute():
+            path = base / path
+        try:
+            if path.stat().st_mode & 0o077:
+                r.error(key, f"{path} is readable by others: chmod 600 it (it lets its holder act as {node_id})")
+                return None
+            text = path.read_text()[:1024]
+        except OSError as exc:
+            r.error(key, f"cannot read {path}: {exc.strerror}")
+            return None
+    if not text:
+        if not has_tls:
+            r.problems.add("node_secret_file", NO_CREDENTIAL)
+        return None
+    try:
+        return parse_node_secret(text)
+    except ValueError as exc:
+        r.error(key, str(exc))
+        return None
 
 
 def _address(r: Reader, key: str, default: str) -> str:

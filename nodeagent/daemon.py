@@ -14,8 +14,6 @@ import os
 import signal
 from pathlib import Path
 
-import grpc
-
 from gpurm.nodeagent.config import AgentConfig
 from gpurm.nodeagent.containers import ContainerSupervisor, supervisor_for
 from gpurm.nodeagent.gpus import GpuDevice, GpuDiscoveryError, GpuProvider, make_provider
@@ -26,7 +24,9 @@ from gpurm.nodeagent.records import write_json_atomic
 from gpurm.nodeagent.service import ContainerManagerServicer
 from gpurm.nodeagent.tracker import Registration, Tracker
 from gpurm.rm import tls
+from gpurm.rm.limits import make_server
 from gpurm.rm.netcheck import listen_problem
+from gpurm.rm.textsafe import setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,7 @@ async def _run_with_gpus(cfg: AgentConfig, provider: GpuProvider, gpus: list[Gpu
                                         ports=PortReserver(cfg.host))
     if cfg.tls is not None:  # the AMs this node starts dial the RM and the agents with the node's certificate
         servicer.am_env = cfg.tls.env()
-    # No SO_REUSEPORT: a second agent on the same port must fail, not silently share it.
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server = make_server(cfg.limits)
     servicer.add_to_server(server)
     why = listen_problem(cfg.listen)
     if why:
@@ -171,7 +170,7 @@ async def _shutdown(cfg: AgentConfig, supervisor: ContainerSupervisor, servicer:
 def main(cfg: AgentConfig) -> int:
     """Blocking entry point for `gpurm agent`: run the agent, return its exit code."""
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        setup_logging(logging.INFO)
     try:
         return asyncio.run(run_agent(cfg))
     except KeyboardInterrupt:  # a second Ctrl-C before the handlers were installed

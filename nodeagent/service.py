@@ -1,8 +1,9 @@
 """The ContainerManager gRPC service: AMs (and the RM) start, stop and inspect containers on this node.
 
-A start must carry a container token the RM signed for this node; the signing key arrives in the RM's
-registration reply, so until then every start is refused as UNAVAILABLE. Every failure leaves as a status
-code with a one-line message, never as a bare internal error.
+Every call carries a container token the RM signed with this node's key (TOKEN_CONTAINER to start, stop, query
+or reserve a port for a container; TOKEN_READ_LOG to read its output); the key is the node secret (without mTLS)
+or arrives in the RM's registration reply (mTLS), so until then every call is refused as UNAVAILABLE.
+Every failure leaves as a status code with a one-line message, never as a bare internal error.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ T = TypeVar("T")
 
 DEFAULT_LOG_BYTES = 64 * 1024
 MAX_LOG_BYTES = 1024 * 1024
+MAX_STATUS_TOKENS = 4096
 
 
 class RpcFailure(Exception):
@@ -90,14 +92,23 @@ class ContainerManagerServicer(pb_grpc.ContainerManagerServicer):
             raise RpcFailure(grpc.StatusCode.UNAVAILABLE, "agent has not registered with the RM yet")
         return self.token_key
 
+    def _grant(self, token: pb.ContainerToken, purpose: int = pb.TOKEN_CONTAINER,
+               container_id: str | None = None) -> pb.ContainerTokenPayload:
+        """The payload of a valid token for this node and purpose (and container, when named)."""
+        try:
+            grant = verify_container(token, self._key(), node_id=self.node_id, now_ms=self._clock_ms(),
+                                     purpose=purpose)
+        except TokenError as exc:
+            raise RpcFailure(grpc.StatusCode.PERMISSION_DENIED, f"container token rejected: {exc}") from exc
+        if container_id is not None and grant.container_id != container_id:
+            raise RpcFailure(grpc.StatusCode.PERMISSION_DENIED,
+                             f"the token is for container {grant.container_id}, not {container_id[:128]}")
+        return grant
+
     async def _start(self, request: pb.StartContainerRequest) -> pb.StartContainerResponse:
         if self.closing:
             raise RpcFailure(grpc.StatusCode.UNAVAILABLE, f"the agent on {self.node_id} is shutting down")
-        try:
-            grant = verify_container(request.token, self._key(), node_id=self.node_id,
-                                     now_ms=self._clock_ms())
-        except TokenError as exc:
-            raise RpcFailure(grpc.StatusCode.PERMISSION_DENIED, f"container token rejected: {exc}") from exc
+        grant = self._grant(request.token)
         cid = grant.container_id
         if not cid:
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "the token names no container")
@@ -140,15 +151,8 @@ class ContainerManagerServicer(pb_grpc.ContainerManagerServicer):
         cid = request.container_id
         if not cid:
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "container_id is empty")
-        try:
-            # now_ms=0: a token's expiry limits when a container may be started, not how long it may be
-            # stopped with it (a learner can run for weeks).
-            grant = verify_container(request.token, self._key(), node_id=self.node_id, now_ms=0)
-        except TokenError as exc:
-            raise RpcFailure(grpc.StatusCode.PERMISSION_DENIED, f"container token rejected: {exc}") from exc
-        if grant.container_id != cid:
-            raise RpcFailure(grpc.StatusCode.PERMISSION_DENIED,
-                             f"the token is for container {grant.container_id}, not {cid}")
+        # Tokens expire in minutes; the RM renews a live container's token through its AM's allocate calls.
+        self._grant(request.token, container_id=cid)
         if self.supervisor.record(cid) is None:
             ended = self.supervisor.status(cid)
             if ended is None:
@@ -159,10 +163,15 @@ class ContainerManagerServicer(pb_grpc.ContainerManagerServicer):
         return pb.StopContainerResponse(status=rec.to_proto())
 
     async def _status(self, request: pb.ContainerStatusRequest) -> pb.ContainerStatusResponse:
-        if not request.container_ids:
-            return pb.ContainerStatusResponse(statuses=self.supervisor.statuses())
+        """Statuses of the containers whose tokens came with the request (and only those)."""
+        if len(request.tokens) > MAX_STATUS_TOKENS:
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"tokens: at most {MAX_STATUS_TOKENS}")
+        allowed = [self._grant(t).container_id for t in request.tokens]
+        if not allowed:
+            raise RpcFailure(grpc.StatusCode.PERMISSION_DENIED,
+                             "tokens: send a container token for each container asked about")
         out = []
-        for cid in request.container_ids:
+        for cid in allowed:
             status = self.supervisor.status(cid)
             if status is None:
                 # Every id asked about gets an answer: one this agent never ran (or lost) is LOST.
@@ -172,6 +181,7 @@ class ContainerManagerServicer(pb_grpc.ContainerManagerServicer):
         return pb.ContainerStatusResponse(statuses=out)
 
     async def _read_log(self, request: pb.ReadLogRequest) -> pb.ReadLogResponse:
+        self._grant(request.token, pb.TOKEN_READ_LOG, request.container_id)
         max_bytes = request.max_bytes if request.max_bytes > 0 else DEFAULT_LOG_BYTES
         try:
             chunk = self.supervisor.read_log(request.container_id, request.offset,
@@ -182,6 +192,10 @@ class ContainerManagerServicer(pb_grpc.ContainerManagerServicer):
                                   container_done=chunk.done)
 
     async def _reserve_port(self, request: pb.ReservePortRequest) -> pb.ReservePortResponse:
+        grant = self._grant(request.token)
+        if request.job_id and grant.job_id != request.job_id:
+            raise RpcFailure(grpc.StatusCode.PERMISSION_DENIED,
+                             f"the token is for job {grant.job_id}, not {request.job_id[:128]}")
         try:
             port = self.ports.reserve()
         except OSError as exc:

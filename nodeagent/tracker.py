@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import logging
+import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from gpurm.nodeagent.records import ContainerRecord
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pb_grpc
 from gpurm.rm import tls
-from gpurm.rm.tokens import TokenKey
+from gpurm.rm.tokens import TokenKey, join_proof
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class Registration:
 
     session: str
     interval_s: float
-    token_key: TokenKey
+    token_key: TokenKey | None   # signs this node's container tokens (None: the RM gave none, the agent has none)
     mqtt_url: str
 
 
@@ -155,6 +156,11 @@ class Tracker:
         )
         if self.decorate is not None:
             self.decorate(request)
+        if self.cfg.node_secret is not None and self.cfg.tls is None:
+            # Without mTLS the node proves itself with its secret; the secret itself never crosses the wire.
+            request.join_time_ms = int(time.time() * 1000)
+            request.join_proof = join_proof(self.cfg.node_secret.secret, self.cfg.node_id, self.agent_instance,
+                                            request.join_time_ms)
         versions = {r.container_id: r.version for r in records}
         reply: pb.RegisterNodeResponse = await stub.RegisterNode(request, timeout=REGISTER_TIMEOUT_S)
         # The reply acknowledges every container the request carried, at the version it carried.
@@ -164,7 +170,8 @@ class Tracker:
         reg = Registration(
             session=reply.session,
             interval_s=interval_ms / 1000 if interval_ms > 0 else DEFAULT_INTERVAL_S,
-            token_key=TokenKey(reply.token_key_id, bytes(reply.token_key)),
+            token_key=(TokenKey(reply.token_key_id, bytes(reply.token_key)) if reply.token_key
+                       else self.cfg.node_secret),
             mqtt_url=reply.mqtt_url,
         )
         self.registration = reg

@@ -11,6 +11,7 @@ import yaml
 
 from gpurm.queues.fields import ConfigError, Problems, Reader, parse_address
 from gpurm.rm.core import RMSettings
+from gpurm.rm.limits import ServerLimits, read_limits
 from gpurm.rm.tls import TLSConfig, read_tls_section
 
 
@@ -35,6 +36,7 @@ class RMConfig:
     view_publish_interval_s: float = 0.2    # deltas at most this often
     view_snapshot_interval_s: float = 5.0   # a retained full snapshot at most this often
     scheduler_interval_s: float = 0.05     # at most one scheduling pass per interval under load
+    limits: ServerLimits = field(default_factory=ServerLimits)
     tls: TLSConfig | None = None            # mTLS for every gRPC connection; None = plaintext
 
     @property
@@ -104,6 +106,12 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     s.max_active_ams = am.integer("max_active", s.max_active_ams, minimum=1)
     s.max_acquiring_per_queue = am.integer("max_acquiring_per_queue", s.max_acquiring_per_queue, minimum=1)
     am.reject_unknown()
+    tok = r.section("tokens")
+    s.token_ttl_s = tok.duration("ttl", s.token_ttl_s, maximum=24 * 3600)
+    if s.token_ttl_s < 30:
+        tok.error("ttl", f"at least 30s (holders renew at a third of it), got {s.token_ttl_s:g}s")
+    tok.reject_unknown()
+    cfg.limits = read_limits(r)
     sch = r.section("scheduler")
     cfg.scheduler_interval_s = sch.duration("interval", cfg.scheduler_interval_s)
     sch.reject_unknown()

@@ -76,7 +76,7 @@ class RMSettings:
     kill_grace_s: float = 10.0
     stop_resend_s: float = 10.0           # re-send a stop order the agent has not acted on
     allocate_interval_s: float = 0.5
-    token_ttl_s: float = 24 * 3600.0
+    token_ttl_s: float = 600.0            # container and AM tokens; their holders renew them (docs/security.md)
     inqueue_preemption: bool = False      # las / srtf preempt inside a queue (Tiresias); the simulator turns it on
     inqueue_min_run_s: float = 300.0      # a job runs at least this long before a same-queue job may preempt it
 

@@ -32,11 +32,13 @@ from gpurm.rm import convert, mqtt, tls
 from gpurm.rm.broker import EmbeddedBroker
 from gpurm.rm.config import RMConfig
 from gpurm.rm.core import ErrorCode, JobChanged, LaunchAM, RequestError, RMCore
+from gpurm.rm.identity import Caller, CallerKind
+from gpurm.rm.limits import make_server
 from gpurm.rm.model import Container, ContainerKind, Job
 from gpurm.rm.netcheck import listen_problem
 from gpurm.rm.service import AdminService, AMService, ClientService, DecodeGuard, TrackerService
 from gpurm.rm.store import SqliteStore
-from gpurm.rm.tokens import TokenKey, am_token, load_or_create_key, sign_container
+from gpurm.rm.tokens import JOIN_WINDOW_MS, ClusterKeys, TokenKey, am_token, am_token_expiry, sign_container
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +46,43 @@ VERSION = "0.1.0"
 AGENT_CALL_TIMEOUT_S = 10.0
 
 
+HIDDEN = "(hidden)"        # an env value shown to someone who is not the job's owner or an admin
+READ_LOG_TOKEN_S = 60.0
+INSECURE_WARNING = ("INSECURE MODE: no mTLS (no tls: section in rm.yaml). Identity is whatever a client claims; "
+                    "agents run every job as their one local user; admin requests are taken only from this host. "
+                    "Do not run a shared cluster like this: docs/security.md says how to set up mTLS.")
+
+
+def bump_epoch(path: Path) -> int:
+    """The RM's epoch: one more than the last start's, written (fsync) before the RM serves anything, so views
+    from this start never compare with an older start's by version alone."""
+    try:
+        last = int(path.read_text().strip() or "0")
+    except FileNotFoundError:
+        last = 0
+    except ValueError:
+        raise ConfigError([f"{path}: not an epoch number; delete the file (the RM starts a new epoch)"]) from None
+    epoch = last + 1
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{epoch}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return epoch
+
+
 class RMShell:
     def __init__(self, config: RMConfig) -> None:
         self.config = config
         self.store = SqliteStore(config.state_dir / "state.db")
         self.core = RMCore(config.settings, self._initial_queues())
-        self.key: TokenKey = load_or_create_key(config.state_dir / "token.key")
+        self.keys = ClusterKeys.load(config.state_dir / "token.key")
+        self.epoch = bump_epoch(config.state_dir / "epoch")
+        self._node_keys: dict[str, TokenKey] = {}
+        self._signed: dict[str, float] = {}          # container id -> expiry of the last token handed out
+        self._joins: dict[tuple[str, str, int], float] = {}   # join proofs seen (refused if replayed)
         self.mqtt_url = config.mqtt_url
         self.publisher: mqtt.Publisher | None = None
         self.broker: EmbeddedBroker | None = None
@@ -114,12 +147,77 @@ class RMShell:
             self._channels[address] = channel
         return channel
 
-    def sign(self, c: Container, expiry_s: float) -> pb.ContainerToken:
+    def node_key(self, node_id: str) -> TokenKey:
+        key = self._node_keys.get(node_id)
+        if key is None:
+            key = self._node_keys[node_id] = self.keys.node_key(node_id)
+        return key
+
+    def sign(self, c: Container, expiry_s: float, purpose: pb.TokenPurpose = pb.TOKEN_CONTAINER) -> pb.ContainerToken:
+        """A token for `c`, signed with its node's key: good on that node alone, for one purpose, `expiry_s`."""
+        expiry = time.time() + expiry_s
         payload = pb.ContainerTokenPayload(
             container_id=c.container_id, job_id=c.job_id, node_id=c.node_id, gpu_indices=c.gpu_indices,
             kind=pb.CONTAINER_AM if c.kind is ContainerKind.AM else pb.CONTAINER_LEARNER, user=c.user,
-            expiry_ms=round((time.time() + expiry_s) * 1000), attempt=c.attempt)
-        return sign_container(payload, self.key)
+            expiry_ms=round(expiry * 1000), attempt=c.attempt, purpose=purpose)
+        if purpose == pb.TOKEN_CONTAINER:
+            self._signed[c.container_id] = expiry
+        return sign_container(payload, self.node_key(c.node_id))
+
+    # ------------------------------------------------------------ credentials
+
+    def is_admin(self, who: Caller) -> bool:
+        """An RM admin: named in rm.yaml `admins` and, without mTLS, calling from the RM's own host."""
+        return who.kind is CallerKind.USER and who.name in self.config.admins and (who.verified or who.local)
+
+    def may_see(self, who: Caller, job: Job) -> bool:
+        """Whether `who` may see a job's private parts (env values, logs): its owner, its queue's admins, RM
+        admins."""
+        if who.kind is not CallerKind.USER:
+            return False
+        return self.is_admin(who) or self.core.may_kill(job, who.name, self.groups_of(who.name))
+
+    def check_join(self, request: pb.RegisterNodeRequest) -> str:
+        """Why an insecure-mode registration does not prove its node ('' when it does); a proof works once."""
+        now_ms = convert.ms(time.time())
+        why = self.keys.check_join(request.node_id, request.agent_instance, request.join_time_ms,
+                                   bytes(request.join_proof), now_ms)
+        if why:
+            return why
+        seen = (request.node_id, request.agent_instance, request.join_time_ms)
+        if seen in self._joins:
+            return "this join proof was used before (a replayed registration)"
+        cutoff = time.time() - 2 * JOIN_WINDOW_MS / 1000
+        for old in [k for k, t in self._joins.items() if t < cutoff]:
+            del self._joins[old]
+        self._joins[seen] = time.time()
+        return ""
+
+    def fresh_am_token(self, job_id: str, am_attempt: int, ttl_s: float | None = None) -> str:
+        expiry = time.time() + (ttl_s if ttl_s is not None else self.core.settings.token_ttl_s)
+        return am_token(self.keys.am_key, job_id, am_attempt, round(expiry * 1000))
+
+    def renew_am_token(self, job_id: str, am_attempt: int, presented: str) -> str:
+        """A fresh AM token once the presented one is past half its life, else ''."""
+        left_s = am_token_expiry(presented) / 1000 - time.time()
+        return self.fresh_am_token(job_id, am_attempt) if left_s < self.core.settings.token_ttl_s / 2 else ""
+
+    def renew_grants(self, job_id: str, skip: set[str]) -> list[pb.ContainerGrant]:
+        """Grants of this job's live learners whose tokens are past a third of their life, re-signed."""
+        ttl = self.core.settings.token_ttl_s
+        due = time.time() + ttl * 2 / 3
+        out = []
+        for c in self.core.job_containers(job_id):
+            if c.kind is ContainerKind.AM or c.container_id in skip or not c.phase.live:
+                continue
+            if self._signed.get(c.container_id, 0.0) < due and c.node_id in self.core.cluster.nodes:
+                out.append(self.grant_pb(c.container_id))
+        return out
+
+    def _forget_tokens(self) -> None:
+        for cid in [cid for cid in self._signed if (c := self.core.containers.get(cid)) is None or
+                    not c.phase.live]:
+            del self._signed[cid]
 
     async def _launch_am(self, effect: LaunchAM) -> None:
         c = self.core.containers.get(effect.container_id)
@@ -130,7 +228,9 @@ class RMShell:
             "GPURM_RM": self.config.advertised,
             "GPURM_JOB_ID": effect.job_id,
             "GPURM_AM_ATTEMPT": str(effect.am_attempt),
-            "GPURM_AM_TOKEN": am_token(self.key, effect.job_id, effect.am_attempt),
+            "GPURM_AM_TOKEN": self.fresh_am_token(effect.job_id, effect.am_attempt,
+                                                  max(self.core.settings.token_ttl_s,
+                                                      self.core.settings.am_register_timeout_s + 60)),
         }
         request = pb.StartContainerRequest(token=self.sign(c, self.core.settings.am_register_timeout_s + 60),
                                            launch=pb.LaunchContext(argv=[], env=env))
@@ -199,10 +299,12 @@ class RMShell:
 
     def view_pb(self) -> pb.ClusterView:
         nodes = sorted(self.core.cluster.nodes.values(), key=lambda n: n.node_id)
-        return pb.ClusterView(version=self.core.cluster.version, time_ms=convert.ms(time.time()),
+        return pb.ClusterView(version=self.core.cluster.version, time_ms=convert.ms(time.time()), epoch=self.epoch,
                               nodes=[convert.node_view_to_pb(n) for n in nodes])
 
-    def job_pb(self, job: Job, full: bool = True, preemptible_jobs: set[str] | None = None) -> pb.Job:
+    def job_pb(self, job: Job, full: bool = True, preemptible_jobs: set[str] | None = None,
+               private: bool = True) -> pb.Job:
+        """`private`: whether the asker may see env values (else each shows as HIDDEN)."""
         live = self.core.job_containers(job.job_id)
         if preemptible_jobs is None and not job.state.terminal:
             preemptible_jobs = self.core.preemptible_jobs()
@@ -210,6 +312,9 @@ class RMShell:
         msg = convert.job_to_pb(job, gpus_held=sum(c.gpus for c in live), live_containers=len(live),
                                 preemptible=preemptible)
         msg.waiting_reason = self.core.why_waiting(job)
+        if not private:
+            for name in msg.spec.env:
+                msg.spec.env[name] = HIDDEN
         if full:
             for attempt in msg.attempts:
                 for learner in attempt.learners:
@@ -233,10 +338,20 @@ class RMShell:
         for u in beat.usage:
             self.usage[u.container_id] = u.summary[:200]
 
-    def cluster_info(self) -> pb.ClusterInfo:
+    def cluster_info(self, who: Caller | None = None) -> pb.ClusterInfo:
         cluster = self.core.cluster
-        return pb.ClusterInfo(mqtt_url=self.mqtt_url, version=VERSION, gpus_total=cluster.total_gpus,
-                              nodes=len(cluster.nodes), started_ms=convert.ms(self.started))
+        info = pb.ClusterInfo(mqtt_url=self.mqtt_url, version=VERSION, gpus_total=cluster.total_gpus,
+                              nodes=len(cluster.nodes), started_ms=convert.ms(self.started),
+                              insecure=self.config.tls is None, epoch=self.epoch, warnings=self.security_warnings())
+        if who is not None:
+            info.caller = who.describe()
+            info.caller_admin = self.is_admin(who)
+        return info
+
+    def security_warnings(self) -> list[str]:
+        if self.config.tls is not None:
+            return []
+        return [INSECURE_WARNING]
 
     def _initial_queues(self) -> QueueTree:
         """The configured queues file wins; without one, the config last applied by refresh-queues; else one
@@ -353,8 +468,10 @@ class RMShell:
             raise RequestError(ErrorCode.UNAVAILABLE, f"node {node_id} is unknown to this RM; logs unreachable")
         stub = pbg.ContainerManagerStub(self.agent_channel(node_id))
         try:
+            c = self.core.containers[container_id]
+            token = self.sign(c, READ_LOG_TOKEN_S, pb.TOKEN_READ_LOG)
             reply = await stub.ReadLog(pb.ReadLogRequest(container_id=container_id, offset=max(request.offset, 0),
-                                                         max_bytes=request.max_bytes or 65536),
+                                                         max_bytes=request.max_bytes or 65536, token=token),
                                        timeout=AGENT_CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
             raise RequestError(ErrorCode.UNAVAILABLE,
@@ -400,6 +517,7 @@ class RMShell:
             try:
                 with self.mutation():
                     self.core.tick(time.time())
+                self._forget_tokens()
             except Exception:
                 log.exception("tick failed")
 
@@ -417,9 +535,7 @@ class RMShell:
             self.mqtt_url = self.broker.url
         self.publisher = mqtt.Publisher(self.mqtt_url, "rm")
         self.publisher.start()
-        # No SO_REUSEPORT: a second RM on the same port must fail, not silently share it.
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 16 * 1024 * 1024),
-                                          ("grpc.so_reuseport", 0)], interceptors=[DecodeGuard()])
+        server = make_server(self.config.limits, [DecodeGuard()])
         pbg.add_ClientServicer_to_server(ClientService(self), server)
         pbg.add_AdminServicer_to_server(AdminService(self), server)
         pbg.add_ApplicationMasterServicer_to_server(AMService(self), server)
@@ -433,6 +549,8 @@ class RMShell:
             raise OSError(f"cannot listen on {self.config.listen}: address in use or not available")
         await server.start()
         self._write_pidfile(host, bound)
+        for line in self.security_warnings():
+            log.warning("%s", line)
         live = sum(1 for j in self.core.jobs.values() if not j.state.terminal)
         log.info("RM serving on %s:%d%s (MQTT %s); restart to serving took %.0f ms; %d jobs (%d live), %d nodes "
                  "known", host, bound, " with mTLS" if self.config.tls else "", self.mqtt_url,

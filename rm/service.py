@@ -19,6 +19,7 @@ from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.fields import ConfigError
 from gpurm.rm import convert, tls
 from gpurm.rm.core import ErrorCode, HeartbeatAction, RequestError
+from gpurm.rm.identity import AM_TOKEN_KEY, USER_KEY, Caller, CallerKind, identify, metadata
 from gpurm.rm.jobspec import spec_from_proto
 from gpurm.rm.tokens import check_am_token
 
@@ -27,8 +28,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-USER_KEY = "x-gpurm-user"
-AM_TOKEN_KEY = "x-gpurm-am-token"
+__all__ = ["AM_TOKEN_KEY", "USER_KEY"]
 MAX_LIST = 10000
 MAX_DETAILS = 2000   # bytes of a status message (percent-encoded, at most ~3x that on the wire)
 
@@ -127,25 +127,13 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
 
 
 def caller(context: Ctx) -> str:
-    """Who makes this call. With mTLS: the client certificate's CN, whatever the metadata claims (a node's
-    certificate, CN node:<id>, acts as no user); without: the OS user the CLI sends in the metadata."""
-    name = tls.peer_name(context)
-    if name is not None:
-        if tls.node_of(name) is not None:
-            raise RequestError(ErrorCode.PERMISSION_DENIED,
-                               f"the certificate {name[:128]} is a node's; it cannot act as a user")
-        return name[:64]
-    for key, value in context.invocation_metadata() or ():
-        if key == USER_KEY and isinstance(value, str) and value:
-            return value[:64]
-    return "unknown"
-
-
-def _metadata(context: Ctx, key: str) -> str:
-    for k, v in context.invocation_metadata() or ():
-        if k == key and isinstance(v, str):
-            return v
-    return ""
+    """The user making this call (see rm/identity.py): a node's or an AM's certificate acts as no user."""
+    who = identify(context)
+    if who.kind is not CallerKind.USER:
+        raise RequestError(ErrorCode.PERMISSION_DENIED,
+                           f"the certificate {who.name} is {'a node' if who.kind is CallerKind.NODE else 'an AM'}'s;"
+                           " it cannot act as a user")
+    return who.name
 
 
 def _now() -> float:
@@ -168,7 +156,8 @@ class ClientService(pbg.ClientServicer):
 
     @rpc
     async def GetJob(self, request: pb.GetJobRequest, context: Ctx) -> pb.Job:
-        return self.shell.job_pb(self.shell.core.get_job(request.job_id))
+        job = self.shell.core.get_job(request.job_id)
+        return self.shell.job_pb(job, private=self.shell.may_see(identify(context), job))
 
     @rpc
     async def ListJobs(self, request: pb.ListJobsRequest, context: Ctx) -> pb.ListJobsResponse:
@@ -176,19 +165,27 @@ class ClientService(pbg.ClientServicer):
         limit = min(request.limit, MAX_LIST) if request.limit > 0 else MAX_LIST
         jobs = self.shell.core.list_jobs(states, request.queue, request.user, limit)
         flagged = self.shell.core.preemptible_jobs()
-        return pb.ListJobsResponse(jobs=[self.shell.job_pb(j, full=False, preemptible_jobs=flagged) for j in jobs])
+        who = identify(context)
+        return pb.ListJobsResponse(jobs=[self.shell.job_pb(j, full=False, preemptible_jobs=flagged,
+                                                           private=self.shell.may_see(who, j)) for j in jobs])
 
     @rpc
     async def KillJob(self, request: pb.KillJobRequest, context: Ctx) -> pb.KillJobResponse:
         user = caller(context)
         with self.shell.mutation():
             job = self.shell.core.kill(request.job_id, user, request.reason[:500], _now(), self.shell.groups_of(user),
-                                       rm_admin=user in self.shell.config.admins)
+                                       rm_admin=self.shell.is_admin(identify(context)))
         log.info("job %s killed by %s", job.job_id, user)
         return pb.KillJobResponse(job=self.shell.job_pb(job))
 
     @rpc
     async def GetLogs(self, request: pb.GetLogsRequest, context: Ctx) -> pb.GetLogsResponse:
+        who = identify(context)
+        job = self.shell.core.get_job(request.job_id)
+        if not self.shell.may_see(who, job):
+            raise RequestError(ErrorCode.PERMISSION_DENIED,
+                               f"{who.name} may not read the logs of {job.job_id}: only its owner ({job.user}), the "
+                               f"admins of queue {job.queue.removeprefix('root.')} and RM admins may")
         return await self.shell.read_logs(request)
 
     @rpc
@@ -205,7 +202,7 @@ class ClientService(pbg.ClientServicer):
     @rpc
     async def GetClusterInfo(self, request: pb.ClusterInfoRequest, context: Ctx
                              ) -> pb.ClusterInfo:
-        return self.shell.cluster_info()
+        return self.shell.cluster_info(identify(context))
 
     @rpc
     async def GetClusterView(self, request: pb.GetClusterViewRequest, context: Ctx
@@ -218,12 +215,16 @@ class AdminService(pbg.AdminServicer):
         self.shell = shell
 
     def _require_admin(self, context: Ctx, what: str) -> str:
-        user = caller(context)
-        if user not in self.shell.config.admins:
+        who = identify(context)
+        if who.kind is CallerKind.USER and who.name in self.shell.config.admins and not self.shell.is_admin(who):
+            raise RequestError(ErrorCode.PERMISSION_DENIED,
+                               f"{what}: without mTLS admin requests are taken only from the RM's own host "
+                               f"(loopback); run it there, or set up mTLS (docs/security.md)")
+        if not self.shell.is_admin(who):
             raise RequestError(ErrorCode.PERMISSION_DENIED,
                                f"{what} is for RM admins ({', '.join(self.shell.config.admins)}); "
-                               f"{user} is not one (admins: in rm.yaml)")
-        return user
+                               f"{who.name} is not one (admins: in rm.yaml)")
+        return who.name
 
     @rpc
     async def RefreshQueues(self, request: pb.RefreshQueuesRequest, context: Ctx
@@ -245,14 +246,18 @@ class AMService(pbg.ApplicationMasterServicer):
     def __init__(self, shell: RMShell) -> None:
         self.shell = shell
 
-    def _authenticate(self, context: Ctx, job_id: str, am_attempt: int) -> None:
-        name = tls.peer_name(context)
-        if name is not None and tls.node_of(name) is None:
+    def _authenticate(self, context: Ctx, job_id: str, am_attempt: int) -> str:
+        """Check the AM token (and with mTLS an AM's certificate); returns the token presented."""
+        who = identify(context)
+        if who.verified and who.kind is not CallerKind.AM:
             raise RequestError(ErrorCode.PERMISSION_DENIED,
-                               f"AMs present their node's certificate (CN node:<node_id>), not {name[:128]}")
-        if not check_am_token(self.shell.key, job_id, am_attempt, _metadata(context, AM_TOKEN_KEY)):
+                               f"AMs present an AM certificate (CN am:<name>, agent.yaml am_tls), not {who.name}")
+        presented = metadata(context, AM_TOKEN_KEY)
+        why = check_am_token(self.shell.keys.am_key, job_id, am_attempt, presented, convert.ms(_now()))
+        if why:
             raise RequestError(ErrorCode.PERMISSION_DENIED,
-                               f"not the AM of {job_id[:128]} attempt {am_attempt}: missing or wrong AM token")
+                               f"not the AM of {job_id[:128]} attempt {am_attempt}: {why}")
+        return presented
 
     @rpc
     async def RegisterApplicationMaster(self, request: pb.RegisterAMRequest, context: Ctx
@@ -260,8 +265,9 @@ class AMService(pbg.ApplicationMasterServicer):
         self._authenticate(context, request.job_id, request.am_attempt)
         with self.shell.mutation():
             job, held = self.shell.core.register_am(request.job_id, request.am_attempt, _now())
-        log.info("AM %d of %s registered from %s", request.am_attempt, job.job_id, request.host)
+        log.info("AM %d of %s registered from %s", request.am_attempt, job.job_id, request.host[:253])
         return pb.RegisterAMResponse(
+            am_token=self.shell.fresh_am_token(job.job_id, request.am_attempt),
             job=self.shell.job_pb(job), held=[self.shell.grant_pb(c.container_id) for c in held if c.phase.live],
             held_status=[convert.container_status_to_pb(c) for c in held], mqtt_url=self.shell.mqtt_url,
             allocate_interval_ms=round(self.shell.core.settings.allocate_interval_s * 1000),
@@ -270,12 +276,10 @@ class AMService(pbg.ApplicationMasterServicer):
     @rpc
     async def Allocate(self, request: pb.AllocateRequest, context: Ctx
                        ) -> pb.AllocateResponse:
-        self._authenticate(context, request.job_id, request.am_attempt)
-        for ask in request.asks:
-            if ask.gpus < 1 or ask.count < 0 or ask.count > 4096:
-                raise RequestError(ErrorCode.INVALID_ARGUMENT,
-                                   f"asks: gpus must be >= 1 and count 0..4096, got gpus={ask.gpus} "
-                                   f"count={ask.count}")
+        presented = self._authenticate(context, request.job_id, request.am_attempt)
+        problems = allocate_problems(request)
+        if problems:
+            raise ConfigError(problems)
         with self.shell.mutation():
             result = self.shell.core.allocate(
                 request.job_id, request.am_attempt, request.response_id,
@@ -286,6 +290,10 @@ class AMService(pbg.ApplicationMasterServicer):
             response_id=result.response_id, grants=[self.shell.grant_pb(g.container_id) for g in result.grants],
             completed=[convert.container_status_to_pb(c) for c in result.completed],
             kill_requested=result.kill_requested, cluster_gpus=self.shell.core.cluster.total_gpus)
+        resp.renewed.extend(self.shell.renew_grants(request.job_id, {g.container_id for g in result.grants}))
+        renewed_token = self.shell.renew_am_token(request.job_id, request.am_attempt, presented)
+        if renewed_token:
+            resp.am_token = renewed_token
         if result.preempt_ids:
             resp.preemption.CopyFrom(pb.PreemptionNotice(container_ids=result.preempt_ids,
                                                          deadline_ms=convert.ms(result.preempt_deadline),
@@ -305,6 +313,29 @@ class AMService(pbg.ApplicationMasterServicer):
                                             [convert.attempt_update_from_pb(a) for a in request.attempts], _now())
         log.info("job %s finished: %s %s", job.job_id, job.state.name, job.diagnostics)
         return pb.FinishAMResponse(accepted=True)
+
+
+MAX_ASKS = 4096
+MAX_REPORTS = 16
+MAX_LEARNERS = 4096
+
+
+def allocate_problems(msg: pb.AllocateRequest) -> list[str]:
+    """What is wrong with an AM's allocate call, each naming its field (lists are bounded: see docs/security.md)."""
+    out = []
+    if len(msg.asks) > MAX_ASKS:
+        out.append(f"asks: at most {MAX_ASKS}, got {len(msg.asks)}")
+    for ask in msg.asks[:MAX_ASKS]:
+        if ask.gpus < 1 or ask.count < 0 or ask.count > MAX_ASKS:
+            out.append(f"asks: gpus must be >= 1 and count 0..{MAX_ASKS}, got gpus={ask.gpus} count={ask.count}")
+            break
+    if len(msg.releases) > MAX_ASKS:
+        out.append(f"releases: at most {MAX_ASKS}, got {len(msg.releases)}")
+    if len(msg.attempts) > MAX_REPORTS:
+        out.append(f"attempts: at most {MAX_REPORTS} reports per call, got {len(msg.attempts)}")
+    if any(len(a.learners) > MAX_LEARNERS for a in msg.attempts):
+        out.append(f"attempts.learners: at most {MAX_LEARNERS} per attempt")
+    return out
 
 
 MAX_NODE_GPUS = 1024
@@ -339,14 +370,12 @@ def registration_problems(msg: pb.RegisterNodeRequest) -> list[str]:
     return out
 
 
-def _check_node_cert(context: Ctx, node_id: str) -> None:
-    """With mTLS only an agent's certificate for this very node (CN node:<node_id>) may register it: the
-    registration reply carries the container-token key."""
-    name = tls.peer_name(context)
-    if name is not None and tls.node_of(name) != node_id:
+def _check_node_identity(who: Caller, node_id: str) -> None:
+    """With mTLS only the node's own certificate (CN node:<node_id>) may register it."""
+    if who.verified and (who.kind is not CallerKind.NODE or who.name != node_id):
         raise RequestError(ErrorCode.PERMISSION_DENIED,
                            f"node_id: a node registers with its own certificate (CN {tls.NODE_PREFIX}{node_id[:128]})"
-                           f", not {name[:128]}")
+                           f", not {who.name}")
 
 
 class TrackerService(pbg.ResourceTrackerServicer):
@@ -359,14 +388,25 @@ class TrackerService(pbg.ResourceTrackerServicer):
         problems = registration_problems(request)
         if problems:
             raise ConfigError(problems)
-        _check_node_cert(context, request.node_id)
+        who = identify(context)
+        _check_node_identity(who, request.node_id)
+        if not who.verified:
+            why = self.shell.check_join(request)
+            if why:
+                log.warning("registration as node %s refused: %s", request.node_id[:128], why)
+                raise RequestError(ErrorCode.PERMISSION_DENIED, f"node {request.node_id[:128]}: {why}")
         session = self.shell.new_session()
         with self.shell.mutation():
             stops = self.shell.core.register_node(convert.registration_from_pb(request), session, _now())
-        return pb.RegisterNodeResponse(
+        reply = pb.RegisterNodeResponse(
             session=session, heartbeat_interval_ms=round(self.shell.core.settings.heartbeat_interval_s * 1000),
-            token_key=self.shell.key.secret, token_key_id=self.shell.key.key_id, mqtt_url=self.shell.mqtt_url,
-            stop_containers=[s.container_id for s in stops])
+            mqtt_url=self.shell.mqtt_url, stop_containers=[s.container_id for s in stops], epoch=self.shell.epoch)
+        if who.verified:
+            # Only over mTLS, to the node's own certificate: the key that signs this node's tokens. Without mTLS
+            # the agent already holds it (its node secret), and nothing secret crosses the plaintext wire.
+            key = self.shell.keys.node_key(request.node_id)
+            reply.token_key, reply.token_key_id = key.secret, key.key_id
+        return reply
 
     async def Heartbeat(self, request_iterator: AsyncIterator[pb.NodeHeartbeat],
                         context: Ctx) -> AsyncIterator[pb.HeartbeatResponse]:

@@ -28,7 +28,7 @@ from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.rm import tls
 from gpurm.rm.service import USER_KEY
 from gpurm.rm.tls import TLSConfig
-from gpurm.rm.tokens import TokenKey, load_or_create_key, sign_container
+from gpurm.rm.tokens import ClusterKeys, TokenKey, am_token, sign_container, write_secret_file
 from tests.conftest import free_port
 from tests.integration.harness import ROOT, alive, processes_with_env
 
@@ -163,11 +163,23 @@ class RMProcess:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def key(self) -> TokenKey:
-        """The RM's real container-token key, from its state dir (it exists once the RM has started)."""
+    def keys(self) -> ClusterKeys:
+        """The RM's real keys, from its state dir (they exist once the RM has started)."""
         path = self.state_dir / "token.key"
         assert path.exists(), "the RM has not written its key yet"
-        return load_or_create_key(path)
+        return ClusterKeys.load(path)
+
+    def key(self, node_id: str) -> TokenKey:
+        """The key the RM signs `node_id`'s container tokens with (that node's secret)."""
+        return self.keys().node_key(node_id)
+
+    def am_token(self, job_id: str, am_attempt: int, ttl_s: float = 600) -> str:
+        """A valid AM token for this job and attempt, as the RM makes them."""
+        return am_token(self.keys().am_key, job_id, am_attempt, int((time.time() + ttl_s) * 1000))
+
+    def write_node_secret(self, node_id: str, path: Path) -> Path:
+        """The node's secret in a 0600 file, as `gpurm admin node-secret NODE --out FILE` writes it."""
+        return write_secret_file(path, self.key(node_id).secret.hex())
 
     # ------------------------------------------------------------ the Client and Admin services
 
@@ -248,6 +260,8 @@ class AgentProcess:
         self.state = workdir / "agent-state"
         self.config = workdir / "agent.yaml"
         workdir.mkdir(parents=True, exist_ok=True)
+        if "tls" not in settings and "node_secret" not in settings and "node_secret_file" not in settings:
+            settings["node_secret_file"] = str(rm.write_node_secret(node_id, workdir / "node.secret"))
         self.config.write_text(yaml.safe_dump({
             "node_id": node_id, "listen": "127.0.0.1:0", "rm": rm.address, "rack": rack, "ib_domain": ib_domain,
             "cpus": 8, "memory_mib": 64000, "state_dir": str(self.state), "gpus": gpus or {"fake": 2},
@@ -283,15 +297,21 @@ class AgentProcess:
         assert self.channel is not None
         return pbg.ContainerManagerStub(self.channel)
 
-    def start_container(self, container_id: str, job_id: str, script: str, key: TokenKey,
-                        gpu_indices: Iterable[int] = ()) -> pb.ContainerStatus:
-        """StartContainer on this agent, as an AM would, with a token signed by `key`."""
+    def token(self, container_id: str, job_id: str, gpu_indices: Iterable[int] = (),
+              purpose: pb.TokenPurpose = pb.TOKEN_CONTAINER) -> pb.ContainerToken:
+        """A token for this node, as the RM would sign it."""
         payload = pb.ContainerTokenPayload(
             container_id=container_id, job_id=job_id, node_id=self.node_id, gpu_indices=list(gpu_indices),
-            kind=pb.CONTAINER_LEARNER, user=USER, expiry_ms=int(time.time() * 1000) + 60_000, attempt=1)
+            kind=pb.CONTAINER_LEARNER, user=USER, expiry_ms=int(time.time() * 1000) + 60_000, attempt=1,
+            purpose=purpose)
+        return sign_container(payload, self.rm.key(self.node_id))
+
+    def start_container(self, container_id: str, job_id: str, script: str,
+                        gpu_indices: Iterable[int] = ()) -> pb.ContainerStatus:
+        """StartContainer on this agent, as an AM would, with a token signed by the RM's key for this node."""
         reply = self.manager.StartContainer(pb.StartContainerRequest(
-            token=sign_container(payload, key), launch=pb.LaunchContext(argv=["/bin/sh", "-c", script])),
-            timeout=10)
+            token=self.token(container_id, job_id, gpu_indices),
+            launch=pb.LaunchContext(argv=["/bin/sh", "-c", script])), timeout=10)
         status: pb.ContainerStatus = reply.status
         return status
 

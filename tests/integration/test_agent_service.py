@@ -56,10 +56,10 @@ async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
 
 
 def token(key: TokenKey, cid: str, gpus: list[int], *, node: str = NODE, expiry_ms: int | None = None,
-          kind: int = pb.CONTAINER_LEARNER) -> pb.ContainerToken:
+          kind: int = pb.CONTAINER_LEARNER, purpose: int = pb.TOKEN_CONTAINER) -> pb.ContainerToken:
     payload = pb.ContainerTokenPayload(
         container_id=cid, job_id="job-1", node_id=node, gpu_indices=gpus, kind=kind, user="alice",
-        expiry_ms=int(time.time() * 1000) + 60_000 if expiry_ms is None else expiry_ms, attempt=1)
+        expiry_ms=int(time.time() * 1000) + 60_000 if expiry_ms is None else expiry_ms, attempt=1, purpose=purpose)
     return sign_container(payload, key)
 
 
@@ -161,9 +161,14 @@ async def test_stop_needs_the_containers_own_token(agent: Agent) -> None:
         pb.StopContainerRequest(container_id="c-victim",
                                 token=token(TokenKey(7, b"y" * 32), "c-victim", [0]))))
     assert pid_alive(victim.pid)
-    # an expired token still stops the container it was issued for
+    # an expired token (the RM renews live ones) or a read-log token stops nothing
+    for bad in (token(agent.key, "c-victim", [0], expiry_ms=1),
+                token(agent.key, "c-victim", [0], purpose=pb.TOKEN_READ_LOG)):
+        await expect(grpc.StatusCode.PERMISSION_DENIED, agent.stub.StopContainer(
+            pb.StopContainerRequest(container_id="c-victim", token=bad)))
+    assert pid_alive(victim.pid)
     reply = await asyncio.wait_for(agent.stub.StopContainer(pb.StopContainerRequest(
-        container_id="c-victim", token=token(agent.key, "c-victim", [0], expiry_ms=1), grace_ms=2000,
+        container_id="c-victim", token=token(agent.key, "c-victim", [0]), grace_ms=2000,
         reason="test")), WAIT)
     assert reply.status.state == pb.CONTAINER_EXITED and reply.status.stopped
     assert not pid_alive(victim.pid)
@@ -174,9 +179,12 @@ async def test_stop_needs_the_containers_own_token(agent: Agent) -> None:
 async def test_container_status(agent: Agent) -> None:
     await start(agent, "c1", [0])
     await start(agent, "c2", [1])
-    everything = await agent.stub.GetContainerStatus(pb.ContainerStatusRequest())
-    assert sorted(s.container_id for s in everything.statuses) == ["c1", "c2"]
-    some = await agent.stub.GetContainerStatus(pb.ContainerStatusRequest(container_ids=["c2", "c9"]))
+    # Only the containers whose tokens come with the call are reported: no token, no answer.
+    await expect(grpc.StatusCode.PERMISSION_DENIED, agent.stub.GetContainerStatus(pb.ContainerStatusRequest()))
+    await expect(grpc.StatusCode.PERMISSION_DENIED, agent.stub.GetContainerStatus(
+        pb.ContainerStatusRequest(container_ids=["c1"])))
+    some = await agent.stub.GetContainerStatus(pb.ContainerStatusRequest(
+        container_ids=["c1"], tokens=[token(agent.key, "c2", [1]), token(agent.key, "c9", [2])]))
     assert [(s.container_id, s.state) for s in some.statuses] == [("c2", pb.CONTAINER_RUNNING),
                                                                   ("c9", pb.CONTAINER_LOST)]
 
@@ -184,26 +192,38 @@ async def test_container_status(agent: Agent) -> None:
 async def test_read_log(agent: Agent) -> None:
     await start(agent, "c-log", [], "/bin/sh", "-c", "echo hello; echo world >&2")
     await asyncio.wait_for(agent.supervisor.wait_ended("c-log"), WAIT)
-    reply = await agent.stub.ReadLog(pb.ReadLogRequest(container_id="c-log"))
+    read = token(agent.key, "c-log", [], purpose=pb.TOKEN_READ_LOG)
+    reply = await agent.stub.ReadLog(pb.ReadLogRequest(container_id="c-log", token=read))
     assert (reply.data, reply.next_offset, reply.size) == (b"hello\nworld\n", 12, 12)
     assert reply.container_done
-    part = await agent.stub.ReadLog(pb.ReadLogRequest(container_id="c-log", offset=6, max_bytes=3))
+    part = await agent.stub.ReadLog(pb.ReadLogRequest(container_id="c-log", offset=6, max_bytes=3, token=read))
     assert (part.data, part.next_offset) == (b"wor", 9)
-    await expect(grpc.StatusCode.NOT_FOUND, agent.stub.ReadLog(pb.ReadLogRequest(container_id="c-none")))
-    await expect(grpc.StatusCode.NOT_FOUND, agent.stub.ReadLog(pb.ReadLogRequest(container_id="../../etc")))
+    for cid in ("c-none", "../../etc"):
+        await expect(grpc.StatusCode.NOT_FOUND, agent.stub.ReadLog(pb.ReadLogRequest(
+            container_id=cid, token=token(agent.key, cid, [], purpose=pb.TOKEN_READ_LOG))))
+    # Without a token, with a container token (wrong purpose), or with another container's: refused.
+    for bad in (pb.ContainerToken(), token(agent.key, "c-log", []),
+                token(agent.key, "c-other", [], purpose=pb.TOKEN_READ_LOG)):
+        await expect(grpc.StatusCode.PERMISSION_DENIED,
+                     agent.stub.ReadLog(pb.ReadLogRequest(container_id="c-log", token=bad)))
 
 
 async def test_read_log_caps_at_one_mib(agent: Agent) -> None:
     await start(agent, "c-big", [], "/bin/sh", "-c", "head -c 1500000 /dev/zero")
     await asyncio.wait_for(agent.supervisor.wait_ended("c-big"), WAIT)
-    reply = await agent.stub.ReadLog(pb.ReadLogRequest(container_id="c-big", max_bytes=10_000_000))
+    read = token(agent.key, "c-big", [], purpose=pb.TOKEN_READ_LOG)
+    reply = await agent.stub.ReadLog(pb.ReadLogRequest(container_id="c-big", max_bytes=10_000_000, token=read))
     assert len(reply.data) == 1 << 20 and reply.size == 1_500_000
-    default = await agent.stub.ReadLog(pb.ReadLogRequest(container_id="c-big"))
+    default = await agent.stub.ReadLog(pb.ReadLogRequest(container_id="c-big", token=read))
     assert len(default.data) == 64 * 1024
 
 
 async def test_reserve_port_gives_distinct_usable_ports(agent: Agent) -> None:
-    ports = [(await agent.stub.ReservePort(pb.ReservePortRequest(job_id="job-1"))).port for _ in range(20)]
+    await expect(grpc.StatusCode.PERMISSION_DENIED, agent.stub.ReservePort(pb.ReservePortRequest(job_id="job-1")))
+    await expect(grpc.StatusCode.PERMISSION_DENIED, agent.stub.ReservePort(pb.ReservePortRequest(
+        job_id="job-2", token=token(agent.key, "c1", []))))
+    ports = [(await agent.stub.ReservePort(pb.ReservePortRequest(job_id="job-1", token=token(agent.key, "c1", []))
+              )).port for _ in range(20)]
     assert len(set(ports)) == 20
     for p in ports[:5]:
         with socket.socket() as s:

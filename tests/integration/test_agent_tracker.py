@@ -81,11 +81,11 @@ def test_a_learner_exit_reaches_the_rm_at_once(rm: RMProcess, agent: AgentProces
 def test_the_rm_stops_a_container_it_does_not_know(rm: RMProcess, agent: AgentProcess) -> None:
     # Started with a token the RM's real key signed, for a job the RM never heard of (as if left over from
     # before an RM restart): the RM answers the beat that reports it with a stop order.
-    status = agent.start_container("stray-c1", "job-stray", "exec sleep 300", rm.key(), gpu_indices=[3])
+    status = agent.start_container("stray-c1", "job-stray", "exec sleep 300", gpu_indices=[3])
     assert status.state == pb.CONTAINER_RUNNING and status.pid > 0
     wait_gone([status.pid], PROMPT_S)
     ended = poll(lambda: next((s for s in agent.manager.GetContainerStatus(
-        pb.ContainerStatusRequest(container_ids=["stray-c1"]), timeout=10).statuses
+        pb.ContainerStatusRequest(tokens=[agent.token("stray-c1", "job-stray", [3])]), timeout=10).statuses
         if s.state == pb.CONTAINER_EXITED), None), PROMPT_S, "stray-c1 is not reported EXITED by its agent")
     assert ended.stopped and ended.signal == signal.SIGTERM
     assert "the RM does not know this container" in ended.diagnostics

@@ -23,7 +23,6 @@ from hypothesis import strategies as st
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.rm.service import AM_TOKEN_KEY, USER_KEY
-from gpurm.rm.tokens import am_token
 from tests.integration.rmproc import USER, RMProcess
 
 CODE = grpc.StatusCode
@@ -557,7 +556,7 @@ def test_am_calls_without_the_am_token_are_refused(rm: RMProcess, which: str, jo
 @given(which=AM_CALLS, job_id=JOB_IDS | st.sampled_from(["job-999999", "job-0", "job--1"]),
        attempt=st.integers(*INT32))
 def test_am_calls_for_unknown_jobs_are_not_found(rm: RMProcess, which: str, job_id: str, attempt: int) -> None:
-    token = am_token(rm.key(), job_id, attempt)
+    token = rm.am_token(job_id, attempt)
     fields: dict[str, Any] = {"final_state": pb.JOB_SUCCEEDED} if which == "finish" else {}
     refused(lambda: _am_call(rm, which, job_id, attempt, token, **fields), ("job_id",), {CODE.NOT_FOUND})
     serving(rm)
@@ -568,7 +567,7 @@ def test_am_calls_for_unknown_jobs_are_not_found(rm: RMProcess, which: str, job_
 def test_an_am_asking_for_impossible_containers_is_refused(rm: RMProcess, asks: list[pb.ResourceAsk]) -> None:
     job = _submit(rm, _valid_spec(), submit_id="am-asks-job").job_id
     before = rm.job(job)
-    token = am_token(rm.key(), job, before.am_attempt)
+    token = rm.am_token(job, before.am_attempt)
     refused(lambda: _am_call(rm, "allocate", job, before.am_attempt, token, asks=asks), ("asks",),
             {CODE.INVALID_ARGUMENT})
     refused(lambda: _am_call(rm, "finish", job, before.am_attempt, token, final_state=99), ("final_state",),

@@ -1,0 +1,74 @@
+"""Security-related operator commands: `gpurm admin info`, `gpurm admin node-secret` (and the mTLS PKI)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpurm.cli.client import RM, CliError, rm_address
+from gpurm.cli.output import ago, message_dict, print_json, table
+from gpurm.proto import gpurm_pb2 as pb
+from gpurm.rm.config import default_state_dir
+from gpurm.rm.textsafe import escape_controls
+from gpurm.rm.tokens import ClusterKeys, write_secret_file
+
+Sub = Callable[..., argparse.ArgumentParser]
+
+
+def add_parsers(asubs: Any, sub: Sub) -> None:
+    p = sub(asubs, "info", "what the RM is: version, security mode, who it thinks you are, store health",
+            "  gpurm admin info\n  gpurm admin info -o json")
+    p.set_defaults(func=cmd_info)
+    p = sub(asubs, "node-secret", "print (or write) a node's secret for its agent.yaml node_secret_file "
+            "(run on the RM host; insecure mode's proof of a node)",
+            "  gpurm admin node-secret node-7 --out /etc/gpurm/node.secret   # then copy it to node-7, mode 0600\n"
+            "  gpurm admin node-secret node-7 --state-dir /var/lib/gpurm/rm", common=False)
+    p.add_argument("node", help="the node id (agent.yaml node_id)")
+    p.add_argument("--state-dir", help=f"the RM's state dir (default {default_state_dir('rm')})")
+    p.add_argument("--out", help="write the secret to this file (mode 0600) instead of printing it")
+    p.set_defaults(func=cmd_node_secret)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    rm = RM(rm_address(args.rm))
+    info = rm.call(rm.client.GetClusterInfo, pb.ClusterInfoRequest())
+    if args.output == "json":
+        print_json(message_dict(info))
+        return 0
+    rows = [
+        ["RM", f"{rm_address(args.rm)} (version {info.version}, started {ago(info.started_ms)} ago)"],
+        ["security", "INSECURE: no mTLS, identity is the client's claim" if info.insecure else "mTLS"],
+        ["you are", escape_controls(info.caller) + (" (RM admin)" if info.caller_admin else "")],
+        ["cluster", f"{info.nodes} nodes, {info.gpus_total} GPUs"],
+        ["epoch", str(info.epoch)],
+        ["store", escape_controls(info.store_error) if info.store_error else "ok"],
+        ["broker", info.mqtt_url or "-"],
+    ]
+    table(["", ""], rows, max_last=100)
+    for line in info.warnings:
+        print(f"warning: {escape_controls(line)}", file=sys.stderr)
+    return 0
+
+
+def cmd_node_secret(args: argparse.Namespace) -> int:
+    state = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir("rm")
+    path = state / "token.key"
+    if not path.exists():
+        raise CliError(f"no cluster secret at {path}: pass the RM's --state-dir, or start the RM once "
+                       "(it makes the secret on its first start)")
+    if not args.node or len(args.node) > 128:
+        raise CliError("node: a node id of 1-128 characters")
+    try:
+        secret = ClusterKeys.load(path).node_key(args.node).secret.hex()
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot read the cluster secret {path}: {exc}") from None
+    if args.out:
+        out = write_secret_file(Path(args.out).expanduser(), secret)
+        print(f"wrote {args.node}'s secret to {out} (mode 0600); copy it to the node and set "
+              f"node_secret_file: {out.name} in its agent.yaml")
+        return 0
+    print(secret)
+    return 0
