@@ -176,7 +176,7 @@ def load_agent_config(path: Path | None, overrides: Mapping[str, object] | None 
     health = _health(r.section("health"))
     telemetry = _telemetry(r.section("telemetry"))
     tls = read_tls_section(r, "tls", path.parent if path is not None else None)
-    node_secret = _node_secret(r, node_id, path.parent if path is not None else None, tls is not None)
+    node_secret = _node_secret(r, node_id, path.parent if path is not None else None)
     limits = read_limits(r)
     r.reject_unknown()
     problems.raise_if_any()
@@ -186,12 +186,12 @@ def load_agent_config(path: Path | None, overrides: Mapping[str, object] | None 
                        node_secret=node_secret, limits=limits)
 
 
-NO_CREDENTIAL = ("the agent has no credential: set tls (mTLS, the node's certificate CN node:<node_id>) or "
+NO_CREDENTIAL = ("agent.yaml: the agent has no credential: set tls (mTLS, the node's certificate CN node:<node_id>) or "
                  "node_secret_file (the file `gpurm admin node-secret NODE` writes on the RM host; "
                  "docs/security.md)")
 
 
-def _node_secret(r: Reader, node_id: str, base: Path | None, has_tls: bool) -> TokenKey | None:
+def _node_secret(r: Reader, node_id: str, base: Path | None) -> TokenKey | None:
     """The node secret from `node_secret_file` (preferred: a 0600 file) or `node_secret` (inline hex)."""
     file_text = r.text("node_secret_file", "")
     inline = r.text("node_secret", "")
@@ -213,8 +213,6 @@ def _node_secret(r: Reader, node_id: str, base: Path | None, has_tls: bool) -> T
             r.error(key, f"cannot read {path}: {exc.strerror}")
             return None
     if not text:
-        if not has_tls:
-            r.problems.add("node_secret_file", NO_CREDENTIAL)
         return None
     try:
         return parse_node_secret(text)

@@ -14,7 +14,7 @@ import os
 import signal
 from pathlib import Path
 
-from gpurm.nodeagent.config import AgentConfig
+from gpurm.nodeagent.config import NO_CREDENTIAL, AgentConfig
 from gpurm.nodeagent.containers import ContainerSupervisor, supervisor_for
 from gpurm.nodeagent.gpus import GpuDevice, GpuDiscoveryError, GpuProvider, make_provider
 from gpurm.nodeagent.logstream import LogStreamer
@@ -55,6 +55,9 @@ def open_gpus(cfg: AgentConfig) -> tuple[GpuProvider, list[GpuDevice]]:
 
 async def run_agent(cfg: AgentConfig, *, stop: asyncio.Event | None = None) -> int:
     """Run until `stop` is set or SIGTERM / SIGINT arrives. Returns the exit code (2: config, discovery)."""
+    if cfg.tls is None and cfg.node_secret is None:
+        log.error("agent %s: %s", cfg.node_id, NO_CREDENTIAL)
+        return EXIT_CONFIG
     try:
         provider, gpus = open_gpus(cfg)
     except GpuDiscoveryError as exc:

@@ -283,6 +283,7 @@ class RMShell:
                 nodes = [self.core.cluster.nodes[n] for n in sorted(changed) if n in self.core.cluster.nodes]
                 if nodes:
                     delta = pb.ClusterView(version=version, time_ms=convert.ms(time.time()), base_version=published,
+                                           epoch=self.epoch,
                                            delta=True, nodes=[convert.node_view_to_pb(n) for n in nodes])
                     self.publisher.publish(mqtt.TOPIC_VIEW_DELTA, delta.SerializeToString())
                     published = version

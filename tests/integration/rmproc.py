@@ -28,7 +28,7 @@ from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.rm import tls
 from gpurm.rm.service import USER_KEY
 from gpurm.rm.tls import TLSConfig
-from gpurm.rm.tokens import ClusterKeys, TokenKey, am_token, sign_container, write_secret_file
+from gpurm.rm.tokens import ClusterKeys, TokenKey, am_token, join_proof, sign_container, write_secret_file
 from tests.conftest import free_port
 from tests.integration.harness import ROOT, alive, processes_with_env
 
@@ -176,6 +176,13 @@ class RMProcess:
     def am_token(self, job_id: str, am_attempt: int, ttl_s: float = 600) -> str:
         """A valid AM token for this job and attempt, as the RM makes them."""
         return am_token(self.keys().am_key, job_id, am_attempt, int((time.time() + ttl_s) * 1000))
+
+    def prove(self, request: pb.RegisterNodeRequest) -> pb.RegisterNodeRequest:
+        """`request` with the join proof its agent would add (insecure mode: the node's secret proves it)."""
+        request.join_time_ms = int(time.time() * 1000)
+        request.join_proof = join_proof(self.key(request.node_id).secret, request.node_id, request.agent_instance,
+                                        request.join_time_ms)
+        return request
 
     def write_node_secret(self, node_id: str, path: Path) -> Path:
         """The node's secret in a 0600 file, as `gpurm admin node-secret NODE --out FILE` writes it."""

@@ -120,7 +120,7 @@ def test_keep_on_shutdown_leaves_containers_running(rm: RMProcess, tmp_path: Pat
 
 def test_missing_gpus_fails_with_one_clear_line(tmp_path: Path) -> None:
     config = tmp_path / "agent.yaml"
-    config.write_text(yaml.safe_dump({"node_id": "n", "state_dir": str(tmp_path / "s")}))
+    config.write_text(yaml.safe_dump({"node_id": "n", "state_dir": str(tmp_path / "s"), "node_secret": "ab" * 32}))
     done = subprocess.run(agent_cmd(config), capture_output=True, text=True, timeout=WAIT, check=False)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
@@ -136,7 +136,8 @@ def test_busy_listen_port_exits_2_with_one_clear_line(tmp_path: Path) -> None:
         busy = s.getsockname()[1]
         config = tmp_path / "agent.yaml"
         config.write_text(yaml.safe_dump({"node_id": "n", "state_dir": str(tmp_path / "s"),
-                                          "listen": f"127.0.0.1:{busy}", "gpus": {"fake": 1}}))
+                                          "listen": f"127.0.0.1:{busy}", "gpus": {"fake": 1},
+                                          "node_secret": "ab" * 32}))
         env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_")}  # gRPC's default logging
         done = subprocess.run(agent_cmd(config), capture_output=True, text=True, timeout=WAIT, check=False,
                               env=env)
@@ -145,3 +146,19 @@ def test_busy_listen_port_exits_2_with_one_clear_line(tmp_path: Path) -> None:
     assert len(lines) == 1, lines     # nothing from gRPC core, no traceback: the agent's own line
     assert f"agent n: cannot listen on 127.0.0.1:{busy}: address already in use" in lines[0]
     assert not (tmp_path / "s" / "agent.json").exists()
+
+
+def test_an_agent_without_a_credential_exits_2_saying_what_to_set(tmp_path: Path) -> None:
+    config = tmp_path / "agent.yaml"
+    config.write_text(yaml.safe_dump({"node_id": "n", "state_dir": str(tmp_path / "s"), "gpus": {"fake": 1}}))
+    done = subprocess.run(agent_cmd(config), capture_output=True, text=True, timeout=WAIT, check=False)
+    assert done.returncode == 2
+    assert "no credential" in done.stderr and "node_secret_file" in done.stderr and "gpurm admin node-secret" \
+        in done.stderr, done.stderr
+    secret = tmp_path / "node.secret"
+    secret.write_text("ab" * 32)
+    secret.chmod(0o644)
+    config.write_text(yaml.safe_dump({"node_id": "n", "state_dir": str(tmp_path / "s"), "gpus": {"fake": 1},
+                                      "node_secret_file": str(secret)}))
+    done = subprocess.run(agent_cmd(config), capture_output=True, text=True, timeout=WAIT, check=False)
+    assert done.returncode == 2 and "readable by others: chmod 600" in done.stderr, done.stderr

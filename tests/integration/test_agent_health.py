@@ -158,7 +158,7 @@ def test_no_nvml_is_one_clear_line_and_exit_2(tmp_path: Path) -> None:
     config = tmp_path / "agent.yaml"
     config.write_text(yaml.safe_dump({"node_id": "no-nvml", "listen": "127.0.0.1:0", "rm": "127.0.0.1:1",
                                       "state_dir": str(tmp_path / "state"), "memory_mib": 1000,
-                                      "gpus": {"nvml": True}}))
+                                      "gpus": {"nvml": True}, "node_secret": "ab" * 32}))
     done = subprocess.run([sys.executable, "-m", "gpurm.nodeagent", "--config", str(config)], cwd=ROOT,
                           capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 2

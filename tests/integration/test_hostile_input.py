@@ -66,7 +66,7 @@ def rm(tmp_path_factory: pytest.TempPathFactory, mqtt_url: str) -> Iterator[RMPr
     queues.write_text(yaml.safe_dump(QUEUES))
     proc = RMProcess(workdir, mqtt_url, queues=str(queues))
     try:
-        reply = pbg.ResourceTrackerStub(proc.channel).RegisterNode(_registration(NODE_ID), timeout=10)
+        reply = pbg.ResourceTrackerStub(proc.channel).RegisterNode(proc.prove(_registration(NODE_ID)), timeout=10)
         assert reply.session
         proc.admin.DrainNode(pb.DrainNodeRequest(node_id=NODE_ID), metadata=proc.metadata, timeout=10)
         yield proc
@@ -501,7 +501,7 @@ def test_heartbeats_from_strangers_are_told_to_register(rm: RMProcess, beats: li
 def test_garbage_in_a_registered_nodes_heartbeat_is_survived(rm: RMProcess) -> None:
     tracker = pbg.ResourceTrackerStub(rm.channel)
     node = "hostile-beater"
-    session = tracker.RegisterNode(_registration(node, gpus=2), timeout=10).session
+    session = tracker.RegisterNode(rm.prove(_registration(node, gpus=2)), timeout=10).session
     rm.admin.DrainNode(pb.DrainNodeRequest(node_id=node), metadata=rm.metadata, timeout=10)
     beats = [pb.NodeHeartbeat(node_id=node, session=session, seq=i, healthy=True, containers=[
         pb.ContainerStatus(container_id=cid, job_id="job-1", state=state, exit_code=-(2**31), pid=-1)],

@@ -42,3 +42,20 @@ def test_old_deltas_and_snapshots_are_ignored() -> None:
     assert f.current.version == 10 and len(f.current.nodes) == 2
     f.apply_snapshot(pb.ClusterView(version=11, nodes=[node("c", [1])]))
     assert [n.node_id for n in f.current.nodes] == ["c"]
+
+
+def test_views_from_another_epoch_or_far_ahead_are_not_trusted() -> None:
+    f = follower(10)
+    f.current.epoch = 3
+    before = f.current
+    # a forged delta at 2^62 and a delta or snapshot from another RM run: refused, the AM resyncs over gRPC
+    assert not f.apply_delta(pb.ClusterView(version=2**62, base_version=10, epoch=3, delta=True, nodes=[node("a", [])]))
+    assert not f.apply_delta(pb.ClusterView(version=11, base_version=10, epoch=4, delta=True, nodes=[node("a", [])]))
+    assert not f.apply_snapshot(pb.ClusterView(version=2, epoch=4, nodes=[]))
+    assert not f.apply_snapshot(pb.ClusterView(version=2**62, epoch=3, nodes=[]))
+    assert f.current is before and not f.changed
+    # what the RM says over gRPC replaces the view, even at a lower version (a restarted RM counts afresh)
+    f.replace(pb.ClusterView(version=2, epoch=4, nodes=[node("b", [1])]))
+    assert (f.current.epoch, f.current.version, f.changed) == (4, 2, True)
+    assert f.apply_delta(pb.ClusterView(version=3, base_version=2, epoch=4, delta=True, nodes=[node("a", [0])]))
+    assert [n.node_id for n in f.current.nodes] == ["a", "b"] and f.current.epoch == 4

@@ -1,0 +1,21 @@
+"""Learner output and other outside text cannot forge log lines or drive a terminal."""
+
+from __future__ import annotations
+
+import logging
+
+from gpurm.rm.textsafe import SafeFormatter, escape_controls
+
+
+def test_controls_become_visible_escapes() -> None:
+    assert escape_controls("ok\x1b[2J\rfake\nINFO root: forged\x00") == "ok\\x1b[2J\\rfake\\nINFO root: forged\\x00"
+    assert escape_controls("a\nb", keep_newlines=True) == "a\nb"
+    assert escape_controls("tab\there") == "tab\\there"
+    assert escape_controls("rtl\u202eevil") == "rtl\\u202eevil"
+    assert escape_controls("plain ünïcode ✓") == "plain ünïcode ✓"
+
+
+def test_a_log_record_stays_one_line() -> None:
+    record = logging.LogRecord("gpurm", logging.INFO, __file__, 1, "learner said %s", ("x\n2026 ERROR fake",), None)
+    line = SafeFormatter("%(levelname)s %(message)s").format(record)
+    assert line == "INFO learner said x\\n2026 ERROR fake"
