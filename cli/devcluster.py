@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -30,6 +31,9 @@ from gpurm.cli.client import CliError, current_user
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.fields import parse_duration
+from gpurm.rm import pki, tls
+from gpurm.rm.identity import AM_PREFIX
+from gpurm.rm.tls import NODE_PREFIX, TLSConfig, load_tls
 from gpurm.rm.tokens import ClusterKeys, write_secret_file
 
 READY_TIMEOUT_S = 60.0
@@ -69,6 +73,25 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     data[keys[-1]] = value
 
 
+class DevPki:
+    """`--tls`: a CA and every certificate the cluster needs, made on the fly under <state>/pki."""
+
+    def __init__(self, directory: Path, nodes: list[str], user: str) -> None:
+        self.dir = directory
+        ca = directory / "ca"
+        pki.init_ca(ca, name="gpurm dev-cluster CA", days=30)
+        hosts = ["127.0.0.1", "localhost"]
+        self.rm = pki.issue(ca, "rm", directory / "rm", hosts, days=30)
+        self.nodes = {n: pki.issue(ca, f"{NODE_PREFIX}{n}", directory / n, hosts, days=30) for n in nodes}
+        # The AMs an agent starts dial the RM with this one (they prove their job with an AM token); they run
+        # as the job's user, who must be able to read it.
+        self.am = pki.issue(ca, f"{AM_PREFIX}dev-cluster", directory / "am", days=30, key_mode=0o644)
+        self.user = pki.issue(ca, user, directory / "user", days=30)
+
+    def client_tls(self) -> TLSConfig:
+        return load_tls(self.user.tls_section())
+
+
 class DevCluster:
     def __init__(self, args: argparse.Namespace, state_dir: Path) -> None:
         self.args = args
@@ -76,6 +99,12 @@ class DevCluster:
         self.address = f"127.0.0.1:{args.port}"
         self.rm: Daemon | None = None
         self.agents: list[Daemon] = []
+        self.pki: DevPki | None = None
+        self.client_tls: TLSConfig | None = None
+
+    def env(self) -> dict[str, str]:
+        """What a shell needs to use this cluster with the CLI."""
+        return {"GPURM_RM": self.address, **(self.pki.user.env() if self.pki else {})}
 
     def _python(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "gpurm.cli.main", *args]
@@ -97,6 +126,11 @@ class DevCluster:
             if not sep:
                 raise CliError(f"--rm-option: expected KEY=VALUE, got {item!r}")
             _set_dotted(rm_cfg, key, yaml.safe_load(value))
+        nodes = [f"node-{i}" for i in range(1, a.nodes + 1)]
+        if getattr(a, "tls", False):
+            self.pki = DevPki(self.state_dir / "pki", nodes, current_user())
+            self.client_tls = self.pki.client_tls()
+            rm_cfg["tls"] = self.pki.rm.tls_section()
         rm_path = rm_dir / "rm.yaml"
         rm_path.write_text(yaml.safe_dump(rm_cfg, sort_keys=False))
         # The cluster secret is made here rather than by the RM so each agent's node secret can be written
@@ -118,6 +152,8 @@ class DevCluster:
                 # runs a job as its submitter, which needs that account on the node).
                 "containers": {"stop_grace": "5s", "run_as": "agent"},
             }
+            if self.pki is not None:
+                cfg["tls"] = self.pki.nodes[node].tls_section()
             path = adir / "agent.yaml"
             path.write_text(yaml.safe_dump(cfg, sort_keys=False))
             agent_paths.append(path)
@@ -142,7 +178,7 @@ class DevCluster:
     def _wait_rm(self) -> None:
         assert self.rm is not None
         deadline = time.monotonic() + READY_TIMEOUT_S
-        channel = grpc.insecure_channel(self.address)
+        channel = tls.channel(self.address, self.client_tls)
         stub = pbg.ClientStub(channel)
         try:
             while time.monotonic() < deadline:
@@ -162,7 +198,7 @@ class DevCluster:
 
     def _wait_agents(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
-        channel = grpc.insecure_channel(self.address)
+        channel = tls.channel(self.address, self.client_tls)
         stub = pbg.ClientStub(channel)
         want = len(self.agents)
         try:
@@ -186,7 +222,11 @@ class DevCluster:
             channel.close()
 
     def _write_state(self, ready: bool) -> None:
+        if ready:
+            env_sh = self.state_dir / "env.sh"
+            env_sh.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in self.env().items()))
         state = {
+            "env": self.env(), "tls": self.pki is not None,
             "pid": os.getpid(), "ready": ready, "rm_address": self.address, "state_dir": str(self.state_dir),
             "rm": {"pid": self.rm.proc.pid if self.rm and self.rm.proc else 0,
                    "config": str(self.state_dir / "rm" / "rm.yaml"), "log": str(self.rm.log) if self.rm else ""},
@@ -302,7 +342,8 @@ def cmd_dev_cluster(args: argparse.Namespace) -> int:
         total = args.nodes * args.gpus_per_node
         sys.stderr.write(
             f"dev cluster up: {args.nodes} nodes x {args.gpus_per_node} GPUs ({total}) in {args.racks} racks\n"
-            f"  RM:    {cluster.address}   (export GPURM_RM={cluster.address})\n"
+            f"  RM:    {cluster.address}{' with mTLS' if cluster.pki else ''}   "
+            f"(. {state_dir / 'env.sh'}  sets GPURM_RM{' and GPURM_TLS_*' if cluster.pki else ''})\n"
             f"  state: {state_dir}  (logs: rm/rm.log, agents/*/agent.log)\n"
             f"  try:   gpurm submit --gpus 8 -- nvidia-smi-or-your-command; gpurm jobs; gpurm nodes\n"
             f"Ctrl-C stops the cluster.\n")
