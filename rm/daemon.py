@@ -28,7 +28,7 @@ from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.config import parse_queues
 from gpurm.queues.fields import ConfigError, parse_address
 from gpurm.queues.tree import QueueTree, default_tree
-from gpurm.rm import convert, mqtt, tls
+from gpurm.rm import brokerauth, convert, mqtt, tls
 from gpurm.rm.broker import EmbeddedBroker
 from gpurm.rm.config import RMConfig
 from gpurm.rm.core import ErrorCode, JobChanged, LaunchAM, RequestError, RMCore
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 AGENT_CALL_TIMEOUT_S = 10.0
+MAX_TELEMETRY_BYTES = 64 * 1024   # one node's telemetry JSON, as its heartbeat carries it
 
 
 class RMShell:
@@ -51,6 +52,12 @@ class RMShell:
         self.core = RMCore(config.settings, self._initial_queues())
         self.key: TokenKey = load_or_create_key(config.state_dir / "token.key")
         self.mqtt_url = config.mqtt_url
+        try:
+            self.broker_auth = brokerauth.resolve(
+                config.state_dir, (config.mqtt_username, config.mqtt_password_file),
+                (config.mqtt_reader_username, config.mqtt_reader_password_file))
+        except brokerauth.BrokerAuthError as exc:
+            raise ConfigError([f"mqtt: {exc}"]) from None
         self.publisher: mqtt.Publisher | None = None
         self.broker: EmbeddedBroker | None = None
         self.streams: dict[str, asyncio.Queue[pb.HeartbeatResponse | None]] = {}
@@ -167,6 +174,24 @@ class RMShell:
         }
         self.publisher.publish_retained(mqtt.TOPIC_JOB.format(job_id=job_id), json.dumps(event).encode())
 
+    def publish_telemetry(self, node_id: str, payload: bytes) -> str:
+        """Republish a node's telemetry (from its heartbeat) retained on its own topic; a reason when refused."""
+        if any(c in node_id for c in "/+#\0"):
+            return f"telemetry: node {node_id[:128]!r} has a character an MQTT topic level cannot hold"
+        if len(payload) > MAX_TELEMETRY_BYTES:
+            return f"telemetry: {len(payload)} bytes, the most is {MAX_TELEMETRY_BYTES}"
+        try:
+            data = json.loads(payload)
+        except ValueError as exc:
+            return f"telemetry: not JSON: {exc}"
+        if not isinstance(data, dict):
+            return "telemetry: expected a JSON object"
+        if data.get("node_id", node_id) != node_id:
+            return f"telemetry: names node {str(data.get('node_id'))[:128]!r}, not the sender {node_id!r}"
+        if self.publisher is not None:
+            self.publisher.publish_retained(mqtt.TOPIC_TELEMETRY.format(node_id=node_id), payload)
+        return ""
+
     async def _publish_view_loop(self) -> None:
         """Deltas (only the changed nodes, each whole) as the cluster changes, at most every
         `view_publish_interval`; a retained full snapshot every `view_snapshot_interval` when anything changed,
@@ -235,8 +260,10 @@ class RMShell:
 
     def cluster_info(self) -> pb.ClusterInfo:
         cluster = self.core.cluster
+        reader = self.broker_auth.reader
         return pb.ClusterInfo(mqtt_url=self.mqtt_url, version=VERSION, gpus_total=cluster.total_gpus,
-                              nodes=len(cluster.nodes), started_ms=convert.ms(self.started))
+                              nodes=len(cluster.nodes), started_ms=convert.ms(self.started),
+                              mqtt_username=reader.username, mqtt_password=reader.password)
 
     def _initial_queues(self) -> QueueTree:
         """The configured queues file wins; without one, the config last applied by refresh-queues; else one
@@ -412,10 +439,10 @@ class RMShell:
         self.core.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, time.time())
         if not self.mqtt_url:
             host, port = parse_address(self.config.mqtt_listen)
-            self.broker = EmbeddedBroker(host, port)
+            self.broker = EmbeddedBroker(host, port, self.broker_auth)
             await self.broker.start()
             self.mqtt_url = self.broker.url
-        self.publisher = mqtt.Publisher(self.mqtt_url, "rm")
+        self.publisher = mqtt.Publisher(self.mqtt_url, "rm", self.broker_auth.rm)
         self.publisher.start()
         # No SO_REUSEPORT: a second RM on the same port must fail, not silently share it.
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 16 * 1024 * 1024),

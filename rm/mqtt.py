@@ -1,4 +1,6 @@
-"""MQTT plumbing shared by RM, agents, AMs and the CLI: URL parsing, topic names and a resilient publisher."""
+"""MQTT plumbing shared by the RM, AMs and the CLI: URL parsing, topic names, clients with credentials and the RM's
+resilient publisher. The RM is the only publisher (role gpurm-rm); everyone else reads (gpurm-reader), with
+credentials the RM hands out over gRPC (brokerauth.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,14 @@ from collections import OrderedDict
 
 import aiomqtt
 
+from gpurm.rm.brokerauth import Credentials
+
 log = logging.getLogger(__name__)
 
 TOPIC_JOB = "gpurm/jobs/{job_id}"                     # retained JSON: the job's latest state
 TOPIC_VIEW = "gpurm/cluster/view"                     # retained ClusterView snapshot (protobuf)
 TOPIC_VIEW_DELTA = "gpurm/cluster/delta"              # ClusterView holding only changed nodes (protobuf)
-TOPIC_LOGS = "gpurm/logs/{job_id}/{container_id}"     # 8-byte offset + raw log bytes
-TOPIC_TELEMETRY = "gpurm/telemetry/{node_id}"         # JSON GPU telemetry
+TOPIC_TELEMETRY = "gpurm/telemetry/{node_id}"         # retained JSON GPU telemetry (from the node's heartbeat)
 
 
 def parse_mqtt_url(url: str) -> tuple[str, int]:
@@ -27,11 +30,13 @@ def parse_mqtt_url(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def client(url: str, identifier: str = "") -> aiomqtt.Client:
+def client(url: str, credentials: Credentials | None, identifier: str = "") -> aiomqtt.Client:
+    """A client for the broker at `url`; without credentials the broker refuses it (no anonymous clients)."""
     host, port = parse_mqtt_url(url)
     # amqtt speaks MQTT 3.1.1 only; mosquitto speaks both.
     return aiomqtt.Client(host, port, identifier=identifier or None, protocol=aiomqtt.ProtocolVersion.V311,
-                          timeout=5)
+                          timeout=5, username=credentials.username if credentials else None,
+                          password=credentials.password if credentials else None)
 
 
 class Publisher:
@@ -42,8 +47,9 @@ class Publisher:
     topic goes out. Non-retained messages wait in a bounded queue and the oldest are dropped first.
     """
 
-    def __init__(self, url: str, name: str, max_stream: int = 10000) -> None:
+    def __init__(self, url: str, name: str, credentials: Credentials, max_stream: int = 10000) -> None:
         self.url = url
+        self.credentials = credentials
         self.name = name
         self._retained: OrderedDict[str, bytes] = OrderedDict()
         self._stream: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(max_stream)
@@ -77,7 +83,7 @@ class Publisher:
         warned = False
         while True:
             try:
-                async with client(self.url) as c:
+                async with client(self.url, self.credentials) as c:
                     self.connected = True
                     delay = 0.2
                     if warned:

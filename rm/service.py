@@ -265,7 +265,8 @@ class AMService(pbg.ApplicationMasterServicer):
             job=self.shell.job_pb(job), held=[self.shell.grant_pb(c.container_id) for c in held if c.phase.live],
             held_status=[convert.container_status_to_pb(c) for c in held], mqtt_url=self.shell.mqtt_url,
             allocate_interval_ms=round(self.shell.core.settings.allocate_interval_s * 1000),
-            view=self.shell.view_pb())
+            view=self.shell.view_pb(), mqtt_username=self.shell.broker_auth.reader.username,
+            mqtt_password=self.shell.broker_auth.reader.password)
 
     @rpc
     async def Allocate(self, request: pb.AllocateRequest, context: Ctx
@@ -366,7 +367,8 @@ class TrackerService(pbg.ResourceTrackerServicer):
         return pb.RegisterNodeResponse(
             session=session, heartbeat_interval_ms=round(self.shell.core.settings.heartbeat_interval_s * 1000),
             token_key=self.shell.key.secret, token_key_id=self.shell.key.key_id, mqtt_url=self.shell.mqtt_url,
-            stop_containers=[s.container_id for s in stops])
+            stop_containers=[s.container_id for s in stops], mqtt_username=self.shell.broker_auth.reader.username,
+            mqtt_password=self.shell.broker_auth.reader.password)
 
     async def Heartbeat(self, request_iterator: AsyncIterator[pb.NodeHeartbeat],
                         context: Ctx) -> AsyncIterator[pb.HeartbeatResponse]:
@@ -405,6 +407,10 @@ class TrackerService(pbg.ResourceTrackerServicer):
                 except Exception:
                     log.exception("heartbeat from %s failed", node_id)
                     continue
+                if beat.telemetry and action is not HeartbeatAction.REREGISTER:
+                    refused = self.shell.publish_telemetry(node_id, beat.telemetry)
+                    if refused:
+                        log.warning("node %s: %s; not republished", node_id[:128], refused)
                 if action is HeartbeatAction.REREGISTER:
                     out.put_nowait(pb.HeartbeatResponse(ack_seq=beat.seq, action=pb.HEARTBEAT_REREGISTER))
                     break
