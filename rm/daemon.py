@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 AGENT_CALL_TIMEOUT_S = 10.0
-MAX_TELEMETRY_BYTES = 64 * 1024   # one node's telemetry JSON, as its heartbeat carries it
 
 
 class RMShell:
@@ -176,18 +175,9 @@ class RMShell:
 
     def publish_telemetry(self, node_id: str, payload: bytes) -> str:
         """Republish a node's telemetry (from its heartbeat) retained on its own topic; a reason when refused."""
-        if any(c in node_id for c in "/+#\0"):
-            return f"telemetry: node {node_id[:128]!r} has a character an MQTT topic level cannot hold"
-        if len(payload) > MAX_TELEMETRY_BYTES:
-            return f"telemetry: {len(payload)} bytes, the most is {MAX_TELEMETRY_BYTES}"
-        try:
-            data = json.loads(payload)
-        except ValueError as exc:
-            return f"telemetry: not JSON: {exc}"
-        if not isinstance(data, dict):
-            return "telemetry: expected a JSON object"
-        if data.get("node_id", node_id) != node_id:
-            return f"telemetry: names node {str(data.get('node_id'))[:128]!r}, not the sender {node_id!r}"
+        problem = mqtt.telemetry_problem(node_id, payload)
+        if problem:
+            return problem
         if self.publisher is not None:
             self.publisher.publish_retained(mqtt.TOPIC_TELEMETRY.format(node_id=node_id), payload)
         return ""

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 from collections import OrderedDict
 
 import aiomqtt
+from aiomqtt.exceptions import MqttConnectError
 
 from gpurm.rm.brokerauth import Credentials
 
@@ -20,6 +22,27 @@ TOPIC_JOB = "gpurm/jobs/{job_id}"                     # retained JSON: the job's
 TOPIC_VIEW = "gpurm/cluster/view"                     # retained ClusterView snapshot (protobuf)
 TOPIC_VIEW_DELTA = "gpurm/cluster/delta"              # ClusterView holding only changed nodes (protobuf)
 TOPIC_TELEMETRY = "gpurm/telemetry/{node_id}"         # retained JSON GPU telemetry (from the node's heartbeat)
+
+
+MAX_TELEMETRY_BYTES = 64 * 1024   # one node's telemetry JSON, as its heartbeat carries it
+
+
+def telemetry_problem(node_id: str, payload: bytes) -> str:
+    """Why a node's heartbeat telemetry may not be republished on gpurm/telemetry/<node_id> ("" = it may): at
+    most 64 KiB, a JSON object, naming no other node, and a node id that is one plain topic level."""
+    if not node_id or any(c in node_id for c in "/+#\0"):
+        return f"telemetry: node id {node_id[:128]!r} cannot be one MQTT topic level (no /, +, # or NUL)"
+    if len(payload) > MAX_TELEMETRY_BYTES:
+        return f"telemetry: {len(payload)} bytes, the most is {MAX_TELEMETRY_BYTES}"
+    try:
+        data = json.loads(payload)
+    except ValueError as exc:
+        return f"telemetry: not JSON: {str(exc)[:200]}"
+    if not isinstance(data, dict):
+        return f"telemetry: expected a JSON object, got {type(data).__name__}"
+    if data.get("node_id", node_id) != node_id:
+        return f"telemetry: names node {str(data.get('node_id'))[:128]!r}, not the sender {node_id[:128]!r}"
+    return ""
 
 
 def parse_mqtt_url(url: str) -> tuple[str, int]:
@@ -95,7 +118,12 @@ class Publisher:
             except Exception as exc:
                 self.connected = False
                 if not warned:
-                    log.warning("%s: MQTT broker %s unreachable (%s); retrying", self.name, self.url, exc)
+                    if isinstance(exc, MqttConnectError):
+                        log.warning("%s: MQTT broker %s refused the login %r (%s): check mqtt.username and "
+                                    "mqtt.password_file, or the broker's password file; retrying", self.name,
+                                    self.url, self.credentials.username, exc)
+                    else:
+                        log.warning("%s: MQTT broker %s unreachable (%s); retrying", self.name, self.url, exc)
                     warned = True
                 await asyncio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 5.0)

@@ -11,6 +11,7 @@ runs a multi-node job with every AM following the view over MQTT, after the atta
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import pwd
 import shutil
@@ -28,6 +29,7 @@ from gpurm.rm import mqtt
 from gpurm.rm.brokerauth import Credentials, load
 from tests.conftest import TestBroker, free_port, run_broker, wait_port
 from tests.integration.harness import ROOT, DevCluster
+from tests.integration.rmproc import RMProcess, poll
 
 WAIT = 10.0
 FORGED = pb.ClusterView(version=2**62, base_version=0, delta=True, time_ms=1,
@@ -211,3 +213,15 @@ def test_dev_cluster_on_the_embedded_broker_runs_jobs_after_a_forgery(tmp_path: 
         assert version < 2**62, summary                            # the forged version never arrived
     finally:
         c.stop()
+
+
+def test_an_rm_with_a_wrong_password_is_refused_and_says_which_key(tmp_path: Path, broker: TestBroker) -> None:
+    wrong = tmp_path / "wrong.pw"
+    wrong.write_text("not-the-password\n")
+    rm = RMProcess(tmp_path / "rm", dataclasses.replace(broker, rm_password_file=wrong))
+    try:
+        poll(lambda: "refused the login 'gpurm-rm'" in rm.log_text() or None, WAIT,
+             lambda: f"no refusal in the RM's log:\n{rm.log_text()}")
+        assert "check mqtt.username and mqtt.password_file" in rm.log_text()
+    finally:
+        assert rm.close() == 0, rm.log_text()

@@ -13,6 +13,7 @@ from gpurm.queues.fields import ConfigError
 from gpurm.rm import brokerauth
 from gpurm.rm.brokerauth import Action, BrokerAuthError, Role, may, topic_covered
 from gpurm.rm.config import load_rm_config
+from gpurm.rm.mqtt import telemetry_problem
 
 # Made by mosquitto_passwd 2.0.11 (`mosquitto_passwd -b -c pw alice 's3cret!'`).
 MOSQUITTO_LINE = ("alice:$7$101$eaT/jCnmU5GfgBjB$1dpGjod53Fc3lP/cu1fEfD1+Ml7yqEq+Ow1XX23ECNwQLMwq3U6HLw+X3c5wX7R07Uy6"
@@ -134,3 +135,18 @@ def test_rm_yaml_half_a_login_is_refused(tmp_path: Path, mqtt: str, problem: str
     with pytest.raises(ConfigError) as err:
         load_rm_config(cfg_path)
     assert any(problem in p for p in err.value.problems), err.value.problems
+
+
+@pytest.mark.parametrize(("node_id", "payload", "problem"), [
+    ("node-1", b'{"node_id": "node-1", "gpus": []}', ""),
+    ("node-1", b'{"gpus": []}', ""),
+    ("node-1", b'{"node_id": "node-2"}', "names node 'node-2', not the sender 'node-1'"),
+    ("node-1", b"[1, 2]", "expected a JSON object, got list"),
+    ("node-1", b"\xff not json", "telemetry: not JSON"),
+    ("node-1", b'{"pad": "' + b"x" * (64 * 1024) + b'"}', "the most is 65536"),
+    ("a/b", b"{}", "cannot be one MQTT topic level"),
+    ("#", b"{}", "cannot be one MQTT topic level"),
+])
+def test_what_the_rm_republishes_from_a_heartbeat(node_id: str, payload: bytes, problem: str) -> None:
+    got = telemetry_problem(node_id, payload)
+    assert (problem in got and got != "") if problem else got == ""
