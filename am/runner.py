@@ -20,6 +20,7 @@ from gpurm.am.view import ViewFollower
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.rm import convert, tls
+from gpurm.rm.brokerauth import Credentials
 from gpurm.rm.identity import AM_TOKEN_KEY
 from gpurm.rm.jobspec import JobSpec, spec_from_proto
 from gpurm.rm.model import FailureKind, JobState
@@ -147,7 +148,8 @@ class AMRunner:
         now = time.time()
         master = Master(self.spec, now, rng=self.rng)
         self.master = master
-        self.view = ViewFollower(reg.mqtt_url, self.client, reg.view)
+        self.view = ViewFollower(reg.mqtt_url, self.client, reg.view,
+                                 Credentials(reg.mqtt_username, reg.mqtt_password) if reg.mqtt_username else None)
         await self.view.start()
         master.on_view(servers_from_view(self.view.current), now)
         if reg.job.attempts:

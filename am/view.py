@@ -17,6 +17,7 @@ import grpc
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.rm import mqtt
+from gpurm.rm.brokerauth import Credentials
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,11 @@ RESYNC_MIN_INTERVAL_S = 1.0  # at most one gRPC resync per second, however many 
 
 
 class ViewFollower:
-    def __init__(self, mqtt_url: str, client: pbg.ClientStub, initial: pb.ClusterView) -> None:
+    def __init__(self, mqtt_url: str, client: pbg.ClientStub, initial: pb.ClusterView,
+                 credentials: Credentials | None = None) -> None:
+        """`credentials`: the read-only broker login from the RM's RegisterAMResponse."""
         self.mqtt_url = mqtt_url
+        self.credentials = credentials
         self.client = client
         self.current = initial
         self.changed = False
@@ -106,7 +110,7 @@ class ViewFollower:
             await asyncio.sleep(POLL_INTERVAL_S)
 
     async def _follow_mqtt(self) -> None:
-        async with mqtt.client(self.mqtt_url) as c:
+        async with mqtt.client(self.mqtt_url, self.credentials) as c:
             await c.subscribe(mqtt.TOPIC_VIEW, qos=1)
             await c.subscribe(mqtt.TOPIC_VIEW_DELTA, qos=0)
             self.mqtt_live = True

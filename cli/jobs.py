@@ -22,6 +22,7 @@ from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.fields import ConfigError, format_duration, parse_duration
 from gpurm.rm import mqtt
+from gpurm.rm.brokerauth import Credentials
 from gpurm.rm.jobspec import JobSpec, LocalityLevel, parse_job_yaml, spec_to_proto, validate_spec
 
 STATE_NAMES = {v: k.removeprefix("JOB_") for k, v in pb.JobState.items()}
@@ -397,13 +398,20 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 0
 
 
+FOLLOW_POLL_S = 0.5   # how often `gpurm logs -f` asks the RM for new output
+
+
 async def _follow(rm: RM, args: argparse.Namespace) -> int:
-    """Print output as it arrives: history over gRPC, then the live chunks agents publish over MQTT (gaps and
-    dropped messages are filled from the file by offset), until the job ends and every log is drained."""
+    """Print output as it arrives, until the job ends and every log is drained: GetLogs through the RM (which
+    authorises the read) every FOLLOW_POLL_S, from each log's offset, so every byte is printed once. The job's
+    retained state on gpurm/jobs/<job> (read-only broker login from GetClusterInfo) wakes the loop early when the
+    job changes; without a broker it just polls."""
     info = rm.call(rm.client.GetClusterInfo, pb.ClusterInfoRequest())
     wake = asyncio.Event()
-    chunks: list[tuple[str, int, bytes]] = []
-    listener = asyncio.create_task(_listen(info.mqtt_url, args.job, chunks, wake)) if info.mqtt_url else None
+    listener = None
+    if info.mqtt_url and info.mqtt_username:
+        listener = asyncio.create_task(_listen(info.mqtt_url, Credentials(info.mqtt_username, info.mqtt_password),
+                                               args.job, wake))
     progress = Progress(enabled=sys.stderr.isatty())
     targets: dict[tuple[int, int, bool], Target] = {}
     try:
@@ -420,15 +428,7 @@ async def _follow(rm: RM, args: argparse.Namespace) -> int:
                                 f"{job.waiting_reason or '...'})")
             else:
                 progress.done()
-            live = [t for t in targets.values() if not t.done]
-            by_container = {t.container_id: t for t in live if t.container_id}
-            for cid, offset, data in chunks:
-                target = by_container.get(cid)
-                if target is not None and offset <= target.offset < offset + len(data):
-                    _emit(target, data[target.offset - offset:], prefix)
-                    target.offset = offset + len(data)
-            chunks.clear()
-            for t in live:
+            for t in [t for t in targets.values() if not t.done]:
                 with contextlib.suppress(CliError):
                     _pull(rm, job.job_id, t, prefix)
             if job.state in TERMINAL and job.live_containers == 0 and all(t.done for t in targets.values()):
@@ -440,7 +440,7 @@ async def _follow(rm: RM, args: argparse.Namespace) -> int:
                 return 0
             wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), 2.0 if listener and not listener.done() else 0.5)
+                await asyncio.wait_for(wake.wait(), FOLLOW_POLL_S)
     finally:
         if listener is not None:
             listener.cancel()
@@ -448,16 +448,12 @@ async def _follow(rm: RM, args: argparse.Namespace) -> int:
                 await listener
 
 
-async def _listen(url: str, job_id: str, chunks: list[tuple[str, int, bytes]], wake: asyncio.Event) -> None:
+async def _listen(url: str, credentials: Credentials, job_id: str, wake: asyncio.Event) -> None:
+    """Set `wake` whenever the job's state changes (its retained message on gpurm/jobs/<job>)."""
     with contextlib.suppress(Exception):
-        async with mqtt.client(url) as c:
-            await c.subscribe(mqtt.TOPIC_LOGS.format(job_id=job_id, container_id="#"), qos=0)
+        async with mqtt.client(url, credentials) as c:
             await c.subscribe(mqtt.TOPIC_JOB.format(job_id=job_id), qos=1)
-            async for message in c.messages:
-                payload = bytes(message.payload)
-                topic = str(message.topic)
-                if topic.startswith("gpurm/logs/") and len(payload) >= 8:
-                    chunks.append((topic.rsplit("/", 1)[-1], int.from_bytes(payload[:8], "big"), payload[8:]))
+            async for _message in c.messages:
                 wake.set()
 
 

@@ -38,7 +38,7 @@ def _sub(subs: argparse._SubParsersAction, name: str, help_text: str, example: s
 
 def build_parser() -> argparse.ArgumentParser:
     from gpurm.cli import admin as admin_cli
-    from gpurm.cli import cluster, daemons, devcluster, jobs, sim
+    from gpurm.cli import broker, cluster, daemons, devcluster, jobs, sim
 
     parser = argparse.ArgumentParser(
         prog="gpurm", formatter_class=Formatter,
@@ -133,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--undo", action="store_true", help="offer the node's GPUs again")
     p.set_defaults(func=cluster.cmd_drain)
     admin_cli.add_parsers(asubs, _sub)
+    broker.add_broker_parser(asubs)
     admin.set_defaults(func=lambda a: _missing_sub(admin))
 
     p = _sub(subs, "rm", "run the ResourceManager daemon", "  gpurm rm --config configs/rm.yaml", common=False)

@@ -17,7 +17,6 @@ from pathlib import Path
 from gpurm.nodeagent.config import NO_CREDENTIAL, AgentConfig
 from gpurm.nodeagent.containers import ContainerSupervisor, supervisor_for
 from gpurm.nodeagent.gpus import GpuDevice, GpuDiscoveryError, GpuProvider, make_provider
-from gpurm.nodeagent.logstream import LogStreamer
 from gpurm.nodeagent.monitor import AgentMonitor
 from gpurm.nodeagent.ports import PortReserver
 from gpurm.nodeagent.records import write_json_atomic
@@ -107,18 +106,13 @@ async def _run_with_gpus(cfg: AgentConfig, provider: GpuProvider, gpus: list[Gpu
     log.info("agent %s serving ContainerManager on %s:%d%s, %d GPUs", cfg.node_id, cfg.host, port,
              " with mTLS" if cfg.tls else "", len(gpus))
 
-    streamer = LogStreamer(supervisor, poll_s=cfg.containers.log_poll_s, node_id=cfg.node_id)
-
     def registered(reg: Registration) -> None:
         servicer.token_key = reg.token_key
-        streamer.set_broker(reg.mqtt_url)
-        monitor.set_broker(reg.mqtt_url)
 
     tracker = Tracker(cfg, supervisor, gpus, agent_port=port, on_registered=registered)
     tracker.decorate = monitor.decorate
     monitor.on_change = tracker.wake
     tasks = [asyncio.create_task(tracker.run(), name="tracker"),
-             asyncio.create_task(streamer.run(), name="logstream"),
              asyncio.create_task(monitor.run(), name="monitor")]
 
     stop = stop or asyncio.Event()

@@ -7,8 +7,9 @@
   offering it.
 - The admin health script, every `health.interval` (when `health.script` is set): see `health.py` for what its
   output means; a changed verdict goes to the RM at once (node UNHEALTHY: offered nothing).
-- Telemetry, every `telemetry.interval`: published on `gpurm/telemetry/<node_id>` (retained JSON) and
-  summarised per container into the next heartbeat (`ContainerUsage`).
+- Telemetry, every `telemetry.interval`: the node's reading (JSON) goes in the next heartbeat
+  (`NodeHeartbeat.telemetry`; the RM republishes it retained on `gpurm/telemetry/<node_id>`: agents publish
+  nothing on the broker) and is summarised per container (`ContainerUsage`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from gpurm.nodeagent.health import (
 )
 from gpurm.nodeagent.telemetry import node_payload, summarise
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.rm.mqtt import TOPIC_TELEMETRY, Publisher
 
 log = logging.getLogger(__name__)
 
@@ -77,15 +77,10 @@ class AgentMonitor:
         self.samples = 0
         self._usage: dict[str, str] = {}                   # summaries not yet sent to the RM
         self._registered: dict[int, tuple[bool, str]] = {}  # GPU health as the last registration carried it
-        self._broker: str | None = None
-        self._publisher: Publisher | None = None
+        self._telemetry = b""                              # the latest reading not yet sent to the RM
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ------------------------------------------------------------------ wiring
-
-    def set_broker(self, url: str) -> None:
-        """The broker URL from the RM's registration reply ("" = none)."""
-        self._broker = url
 
     def decorate(self, msg: pb.RegisterNodeRequest | pb.NodeHeartbeat) -> None:
         """Put node health, changed GPU health and fresh usage summaries into an outgoing message."""
@@ -103,6 +98,7 @@ class AgentMonitor:
                                                  health_reason=g.health_reason))
         usage, self._usage = self._usage, {}
         msg.usage.extend(pb.ContainerUsage(container_id=cid, summary=text) for cid, text in usage.items())
+        msg.telemetry, self._telemetry = self._telemetry, b""
 
     # ------------------------------------------------------------------ GPU health
 
@@ -179,20 +175,8 @@ class AgentMonitor:
                       if r.live and r.gpu_indices}
         summaries = summarise(samples, containers)
         self._usage.update({cid: s.text() for cid, s in summaries.items()})
-        await self._publish(node_payload(self.cfg.node_id, int(time.time() * 1000), self.gpus, samples, holders,
-                                         summaries))
-
-    async def _publish(self, payload: bytes) -> None:
-        url = self._broker
-        if self._publisher is not None and self._publisher.url != url:
-            await self._publisher.stop()
-            self._publisher = None
-        if not url:
-            return
-        if self._publisher is None:
-            self._publisher = Publisher(url, f"agent-{self.cfg.node_id}-telemetry", max_stream=16)
-            self._publisher.start()
-        self._publisher.publish_retained(TOPIC_TELEMETRY.format(node_id=self.cfg.node_id), payload)
+        self._telemetry = node_payload(self.cfg.node_id, int(time.time() * 1000), self.gpus, samples, holders,
+                                       summaries)
 
     async def _telemetry_loop(self) -> None:
         while True:
@@ -218,9 +202,6 @@ class AgentMonitor:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._publisher is not None:
-            await self._publisher.stop()
-            self._publisher = None
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coro)

@@ -31,6 +31,11 @@ class RMConfig:
     queues_file: str = ""
     mqtt_url: str = ""                  # external broker; empty = run the embedded one
     mqtt_listen: str = "127.0.0.1:0"    # embedded broker address; port 0 picks a free port
+    # Broker logins (brokerauth.py). A role without a username uses the state dir's broker.secret.
+    mqtt_username: str = ""             # the RM's own login (role gpurm-rm: publishes)
+    mqtt_password_file: str = ""
+    mqtt_reader_username: str = ""      # handed to agents, AMs and the CLI (role gpurm-reader: reads only)
+    mqtt_reader_password_file: str = ""
     admins: list[str] = field(default_factory=lambda: ["root"])
     settings: RMSettings = field(default_factory=RMSettings)
     view_publish_interval_s: float = 0.2    # deltas at most this often
@@ -86,6 +91,18 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     cfg.mqtt_listen = m.text("listen", cfg.mqtt_listen)
     if cfg.mqtt_url and not cfg.mqtt_url.startswith("mqtt://"):
         m.error("url", f"must look like mqtt://HOST:PORT, got {cfg.mqtt_url!r}")
+    for prefix in ("", "reader_"):
+        user, pw_file = m.text(f"{prefix}username", ""), m.text(f"{prefix}password_file", "")
+        if bool(user) != bool(pw_file):
+            given, missing = (f"{prefix}username", f"{prefix}password_file") if user else \
+                (f"{prefix}password_file", f"{prefix}username")
+            m.error(missing, f"required with mqtt.{given} (a login is a username and a file holding its password)")
+        if pw_file and path is not None and not os.path.isabs(pw_file):
+            pw_file = str((path.parent / pw_file).resolve())
+        setattr(cfg, f"mqtt_{prefix}username", user)
+        setattr(cfg, f"mqtt_{prefix}password_file", pw_file)
+    if cfg.mqtt_username and cfg.mqtt_username == cfg.mqtt_reader_username:
+        m.error("reader_username", "must differ from mqtt.username: the reader may not publish")
     m.reject_unknown()
     cfg.admins = r.strings("admins", cfg.admins)
     cfg.tls = read_tls_section(r, "tls", path.parent if path is not None else None)

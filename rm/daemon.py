@@ -28,7 +28,7 @@ from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.config import parse_queues
 from gpurm.queues.fields import ConfigError, parse_address
 from gpurm.queues.tree import QueueTree, default_tree
-from gpurm.rm import convert, mqtt, tls
+from gpurm.rm import brokerauth, convert, mqtt, tls
 from gpurm.rm.broker import EmbeddedBroker
 from gpurm.rm.config import RMConfig
 from gpurm.rm.core import ErrorCode, JobChanged, LaunchAM, RequestError, RMCore
@@ -84,6 +84,12 @@ class RMShell:
         self._signed: dict[str, float] = {}          # container id -> expiry of the last token handed out
         self._joins: dict[tuple[str, str, int], float] = {}   # join proofs seen (refused if replayed)
         self.mqtt_url = config.mqtt_url
+        try:
+            self.broker_auth = brokerauth.resolve(
+                config.state_dir, (config.mqtt_username, config.mqtt_password_file),
+                (config.mqtt_reader_username, config.mqtt_reader_password_file))
+        except brokerauth.BrokerAuthError as exc:
+            raise ConfigError([f"mqtt: {exc}"]) from None
         self.publisher: mqtt.Publisher | None = None
         self.broker: EmbeddedBroker | None = None
         self.streams: dict[str, asyncio.Queue[pb.HeartbeatResponse | None]] = {}
@@ -267,6 +273,15 @@ class RMShell:
         }
         self.publisher.publish_retained(mqtt.TOPIC_JOB.format(job_id=job_id), json.dumps(event).encode())
 
+    def publish_telemetry(self, node_id: str, payload: bytes) -> str:
+        """Republish a node's telemetry (from its heartbeat) retained on its own topic; a reason when refused."""
+        problem = mqtt.telemetry_problem(node_id, payload)
+        if problem:
+            return problem
+        if self.publisher is not None:
+            self.publisher.publish_retained(mqtt.TOPIC_TELEMETRY.format(node_id=node_id), payload)
+        return ""
+
     async def _publish_view_loop(self) -> None:
         """Deltas (only the changed nodes, each whole) as the cluster changes, at most every
         `view_publish_interval`; a retained full snapshot every `view_snapshot_interval` when anything changed,
@@ -341,9 +356,11 @@ class RMShell:
 
     def cluster_info(self, who: Caller | None = None) -> pb.ClusterInfo:
         cluster = self.core.cluster
+        reader = self.broker_auth.reader
         info = pb.ClusterInfo(mqtt_url=self.mqtt_url, version=VERSION, gpus_total=cluster.total_gpus,
                               nodes=len(cluster.nodes), started_ms=convert.ms(self.started),
-                              insecure=self.config.tls is None, epoch=self.epoch, warnings=self.security_warnings())
+                              insecure=self.config.tls is None, epoch=self.epoch, warnings=self.security_warnings(),
+                              mqtt_username=reader.username, mqtt_password=reader.password)
         if who is not None:
             info.caller = who.describe()
             info.caller_admin = self.is_admin(who)
@@ -531,10 +548,10 @@ class RMShell:
         self.core.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, time.time())
         if not self.mqtt_url:
             host, port = parse_address(self.config.mqtt_listen)
-            self.broker = EmbeddedBroker(host, port)
+            self.broker = EmbeddedBroker(host, port, self.broker_auth)
             await self.broker.start()
             self.mqtt_url = self.broker.url
-        self.publisher = mqtt.Publisher(self.mqtt_url, "rm")
+        self.publisher = mqtt.Publisher(self.mqtt_url, "rm", self.broker_auth.rm)
         self.publisher.start()
         server = make_server(self.config.limits, [DecodeGuard()])
         pbg.add_ClientServicer_to_server(ClientService(self), server)

@@ -1,22 +1,48 @@
-"""MQTT plumbing shared by RM, agents, AMs and the CLI: URL parsing, topic names and a resilient publisher."""
+"""MQTT plumbing shared by the RM, AMs and the CLI: URL parsing, topic names, clients with credentials and the RM's
+resilient publisher. The RM is the only publisher (role gpurm-rm); everyone else reads (gpurm-reader), with
+credentials the RM hands out over gRPC (brokerauth.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 from collections import OrderedDict
 
 import aiomqtt
+from aiomqtt.exceptions import MqttConnectError
+
+from gpurm.rm.brokerauth import Credentials
 
 log = logging.getLogger(__name__)
 
 TOPIC_JOB = "gpurm/jobs/{job_id}"                     # retained JSON: the job's latest state
 TOPIC_VIEW = "gpurm/cluster/view"                     # retained ClusterView snapshot (protobuf)
 TOPIC_VIEW_DELTA = "gpurm/cluster/delta"              # ClusterView holding only changed nodes (protobuf)
-TOPIC_LOGS = "gpurm/logs/{job_id}/{container_id}"     # 8-byte offset + raw log bytes
-TOPIC_TELEMETRY = "gpurm/telemetry/{node_id}"         # JSON GPU telemetry
+TOPIC_TELEMETRY = "gpurm/telemetry/{node_id}"         # retained JSON GPU telemetry (from the node's heartbeat)
+
+
+MAX_TELEMETRY_BYTES = 64 * 1024   # one node's telemetry JSON, as its heartbeat carries it
+
+
+def telemetry_problem(node_id: str, payload: bytes) -> str:
+    """Why a node's heartbeat telemetry may not be republished on gpurm/telemetry/<node_id> ("" = it may): at
+    most 64 KiB, a JSON object, naming no other node, and a node id that is one plain topic level."""
+    if not node_id or any(c in node_id for c in "/+#\0"):
+        return f"telemetry: node id {node_id[:128]!r} cannot be one MQTT topic level (no /, +, # or NUL)"
+    if len(payload) > MAX_TELEMETRY_BYTES:
+        return f"telemetry: {len(payload)} bytes, the most is {MAX_TELEMETRY_BYTES}"
+    try:
+        data = json.loads(payload)
+    except ValueError as exc:
+        return f"telemetry: not JSON: {str(exc)[:200]}"
+    if not isinstance(data, dict):
+        return f"telemetry: expected a JSON object, got {type(data).__name__}"
+    if data.get("node_id", node_id) != node_id:
+        return f"telemetry: names node {str(data.get('node_id'))[:128]!r}, not the sender {node_id[:128]!r}"
+    return ""
 
 
 def parse_mqtt_url(url: str) -> tuple[str, int]:
@@ -27,11 +53,13 @@ def parse_mqtt_url(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def client(url: str, identifier: str = "") -> aiomqtt.Client:
+def client(url: str, credentials: Credentials | None, identifier: str = "") -> aiomqtt.Client:
+    """A client for the broker at `url`; without credentials the broker refuses it (no anonymous clients)."""
     host, port = parse_mqtt_url(url)
     # amqtt speaks MQTT 3.1.1 only; mosquitto speaks both.
     return aiomqtt.Client(host, port, identifier=identifier or None, protocol=aiomqtt.ProtocolVersion.V311,
-                          timeout=5)
+                          timeout=5, username=credentials.username if credentials else None,
+                          password=credentials.password if credentials else None)
 
 
 class Publisher:
@@ -42,8 +70,9 @@ class Publisher:
     topic goes out. Non-retained messages wait in a bounded queue and the oldest are dropped first.
     """
 
-    def __init__(self, url: str, name: str, max_stream: int = 10000) -> None:
+    def __init__(self, url: str, name: str, credentials: Credentials, max_stream: int = 10000) -> None:
         self.url = url
+        self.credentials = credentials
         self.name = name
         self._retained: OrderedDict[str, bytes] = OrderedDict()
         self._stream: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(max_stream)
@@ -77,7 +106,7 @@ class Publisher:
         warned = False
         while True:
             try:
-                async with client(self.url) as c:
+                async with client(self.url, self.credentials) as c:
                     self.connected = True
                     delay = 0.2
                     if warned:
@@ -89,7 +118,12 @@ class Publisher:
             except Exception as exc:
                 self.connected = False
                 if not warned:
-                    log.warning("%s: MQTT broker %s unreachable (%s); retrying", self.name, self.url, exc)
+                    if isinstance(exc, MqttConnectError):
+                        log.warning("%s: MQTT broker %s refused the login %r (%s): check mqtt.username and "
+                                    "mqtt.password_file, or the broker's password file; retrying", self.name,
+                                    self.url, self.credentials.username, exc)
+                    else:
+                        log.warning("%s: MQTT broker %s unreachable (%s); retrying", self.name, self.url, exc)
                     warned = True
                 await asyncio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 5.0)

@@ -271,7 +271,8 @@ class AMService(pbg.ApplicationMasterServicer):
             job=self.shell.job_pb(job), held=[self.shell.grant_pb(c.container_id) for c in held if c.phase.live],
             held_status=[convert.container_status_to_pb(c) for c in held], mqtt_url=self.shell.mqtt_url,
             allocate_interval_ms=round(self.shell.core.settings.allocate_interval_s * 1000),
-            view=self.shell.view_pb())
+            view=self.shell.view_pb(), mqtt_username=self.shell.broker_auth.reader.username,
+            mqtt_password=self.shell.broker_auth.reader.password)
 
     @rpc
     async def Allocate(self, request: pb.AllocateRequest, context: Ctx
@@ -400,7 +401,8 @@ class TrackerService(pbg.ResourceTrackerServicer):
             stops = self.shell.core.register_node(convert.registration_from_pb(request), session, _now())
         reply = pb.RegisterNodeResponse(
             session=session, heartbeat_interval_ms=round(self.shell.core.settings.heartbeat_interval_s * 1000),
-            mqtt_url=self.shell.mqtt_url, stop_containers=[s.container_id for s in stops], epoch=self.shell.epoch)
+            mqtt_url=self.shell.mqtt_url, stop_containers=[s.container_id for s in stops], epoch=self.shell.epoch,
+            mqtt_username=self.shell.broker_auth.reader.username, mqtt_password=self.shell.broker_auth.reader.password)
         if who.verified:
             # Only over mTLS, to the node's own certificate: the key that signs this node's tokens. Without mTLS
             # the agent already holds it (its node secret), and nothing secret crosses the plaintext wire.
@@ -445,6 +447,10 @@ class TrackerService(pbg.ResourceTrackerServicer):
                 except Exception:
                     log.exception("heartbeat from %s failed", node_id)
                     continue
+                if beat.telemetry and action is not HeartbeatAction.REREGISTER:
+                    refused = self.shell.publish_telemetry(node_id, beat.telemetry)
+                    if refused:
+                        log.warning("node %s: %s; not republished", node_id[:128], refused)
                 if action is HeartbeatAction.REREGISTER:
                     out.put_nowait(pb.HeartbeatResponse(ack_seq=beat.seq, action=pb.HEARTBEAT_REREGISTER))
                     break

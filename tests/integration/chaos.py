@@ -32,7 +32,7 @@ from pathlib import Path
 import grpc
 
 from gpurm.proto import gpurm_pb2 as pb
-from tests.conftest import run_broker
+from tests.conftest import TestBroker, run_broker
 from tests.integration.harness import alive
 from tests.integration.rmproc import TERMINAL, AgentProcess, RMProcess, kill_group
 
@@ -91,14 +91,14 @@ def plan_jobs(n: int, seed: int) -> list[JobPlan]:
 
 
 class Chaos:
-    def __init__(self, workdir: Path, mqtt_url: str, jobs: int, seed: int,
+    def __init__(self, workdir: Path, broker: TestBroker, jobs: int, seed: int,
                  say: Callable[[str], None] = lambda s: None) -> None:
         self.workdir = workdir
         self.say = say
         self.plans = plan_jobs(jobs, seed)
         self.rng = random.Random(seed + 1)
         self.report = ChaosReport(jobs=jobs)
-        self.rm = RMProcess(workdir, mqtt_url, heartbeat="1s", missed_beats=5,
+        self.rm = RMProcess(workdir, broker, heartbeat="1s", missed_beats=5,
                             am={"liveness_timeout": "15s"})
         self.agents = [AgentProcess(workdir / f"agent{i}", self.rm, f"chaos-n{i}",
                                     gpus={"fake": GPUS_PER_NODE}, rack=f"rack-{i % 2}", ib_domain=f"ib-{i % 2}",
@@ -332,8 +332,8 @@ def main() -> int:
 
     old = signal.getsignal(signal.SIGINT)
     try:
-        with run_broker(workdir / "broker") as url:
-            chaos = Chaos(workdir, url, args.jobs, args.seed, say)
+        with run_broker(workdir / "broker") as broker:
+            chaos = Chaos(workdir, broker, args.jobs, args.seed, say)
             report = chaos.run(timeout=args.timeout or 120 + 4 * args.jobs)
     finally:
         signal.signal(signal.SIGINT, old)

@@ -18,7 +18,7 @@ import grpc
 
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from tests.conftest import free_port
+from tests.conftest import TestBroker, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = (pb.JOB_SUCCEEDED, pb.JOB_FAILED, pb.JOB_KILLED)
@@ -36,15 +36,15 @@ class CliResult:
 
 class DevCluster:
     def __init__(self, state_dir: Path, nodes: int = 3, gpus_per_node: int = 8, racks: int = 2,
-                 mqtt_url: str | None = None, extra: Iterable[str] = ()) -> None:
+                 broker: TestBroker | None = None, extra: Iterable[str] = ()) -> None:
         self.state_dir = state_dir
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "gpurm.cli.main", "dev-cluster", "--nodes", str(nodes), "--gpus-per-node",
                 str(gpus_per_node), "--racks", str(racks), "--state-dir", str(state_dir), "--port", str(self.port),
                 *extra]
-        if mqtt_url:
-            args += ["--mqtt-url", mqtt_url]
+        if broker is not None:
+            args += broker.dev_cluster_args()
         state_dir.mkdir(parents=True, exist_ok=True)
         self.log = open(state_dir / "dev-cluster.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)

@@ -29,7 +29,7 @@ from gpurm.rm import tls
 from gpurm.rm.service import USER_KEY
 from gpurm.rm.tls import TLSConfig
 from gpurm.rm.tokens import ClusterKeys, TokenKey, am_token, join_proof, sign_container, write_secret_file
-from tests.conftest import free_port
+from tests.conftest import TestBroker, free_port
 from tests.integration.harness import ROOT, alive, processes_with_env
 
 T = TypeVar("T")
@@ -89,7 +89,7 @@ def remove_cgroups(state_dir: Path) -> None:
 class RMProcess:
     """`python -m gpurm.cli.main rm --config FILE` on a free loopback port; `restart()` keeps port and state."""
 
-    def __init__(self, workdir: Path, mqtt_url: str, *, heartbeat: str = "30s", missed_beats: int = 10,
+    def __init__(self, workdir: Path, broker: TestBroker, *, heartbeat: str = "30s", missed_beats: int = 10,
                  client_tls: TLSConfig | None = None, **settings: Any) -> None:
         """`settings`: more rm.yaml keys (e.g. tls); `client_tls`: the certificate the test's own calls use."""
         self.workdir = workdir
@@ -99,7 +99,7 @@ class RMProcess:
         self.config = workdir / "rm.yaml"
         workdir.mkdir(parents=True, exist_ok=True)
         self.config.write_text(yaml.safe_dump({
-            "listen": self.address, "state_dir": str(self.state_dir), "mqtt": {"url": mqtt_url},
+            "listen": self.address, "state_dir": str(self.state_dir), "mqtt": broker.rm_config(),
             "admins": [USER], "heartbeat": {"interval": heartbeat, "missed_beats": missed_beats}, **settings}))
         self.log_path = workdir / "rm.log"
         self.proc: subprocess.Popen[bytes] | None = None

@@ -17,14 +17,15 @@ import pytest
 import yaml
 
 from gpurm.proto import gpurm_pb2 as pb
+from tests.conftest import TestBroker
 from tests.integration.harness import alive
 from tests.integration.rmproc import TERMINAL, WAIT, AgentProcess, RMProcess, poll, wait_gone
 
 
 @pytest.fixture(scope="module")
-def rm(tmp_path_factory: pytest.TempPathFactory, mqtt_url: str) -> Iterator[RMProcess]:
+def rm(tmp_path_factory: pytest.TempPathFactory, broker: TestBroker) -> Iterator[RMProcess]:
     # A 30 s heartbeat: what the RM learns at shutdown comes from the agent's last report, not a timer.
-    proc = RMProcess(tmp_path_factory.mktemp("daemon-rm"), mqtt_url, heartbeat="30s")
+    proc = RMProcess(tmp_path_factory.mktemp("daemon-rm"), broker, heartbeat="30s")
     yield proc
     assert proc.close() == 0, proc.log_text()
 

@@ -3,7 +3,8 @@ faults), a real broker and the real CLI.
 
 - A GPU that falls off the bus under a running learner: the agent stops the learner, the attempt fails as an
   infrastructure failure, and the RM stops offering the GPU (`gpurm nodes` names it).
-- Telemetry reaches `gpurm status JOB` (GPU USE per learner) and `gpurm/telemetry/<node>` over MQTT.
+- Telemetry reaches `gpurm status JOB` (GPU USE per learner) and, through the node's heartbeat and the RM,
+  `gpurm/telemetry/<node>` over MQTT (read with the reader login the RM hands out).
 - An admin health script printing an ERROR line makes the node UNHEALTHY (offered nothing), and healthy again
   when it stops.
 - With `gpus: {nvml: true}` on a machine without NVML the agent exits 2 with one clear line.
@@ -21,19 +22,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aiomqtt
 import pytest
 import yaml
 
-from gpurm.nodeagent.logstream import parse_mqtt_url
 from gpurm.proto import gpurm_pb2 as pb
+from gpurm.rm import mqtt
+from gpurm.rm.brokerauth import Credentials
+from tests.conftest import TestBroker
 from tests.integration.harness import ROOT
 from tests.integration.rmproc import WAIT, AgentProcess, RMProcess, poll
 
 
 @pytest.fixture(scope="module")
-def rm(tmp_path_factory: pytest.TempPathFactory, mqtt_url: str) -> Iterator[RMProcess]:
-    proc = RMProcess(tmp_path_factory.mktemp("health-rm"), mqtt_url, heartbeat="1s")
+def rm(tmp_path_factory: pytest.TempPathFactory, broker: TestBroker) -> Iterator[RMProcess]:
+    proc = RMProcess(tmp_path_factory.mktemp("health-rm"), broker, heartbeat="1s")
     yield proc
     assert proc.close() == 0, proc.log_text()
 
@@ -52,9 +54,9 @@ def gpurm(rm: RMProcess, *args: str) -> str:
     return done.stdout
 
 
-async def telemetry_message(mqtt_url: str, node_id: str) -> dict[str, Any]:
-    host, port = parse_mqtt_url(mqtt_url)
-    async with aiomqtt.Client(host, port, protocol=aiomqtt.ProtocolVersion.V311) as client:
+async def telemetry_message(info: pb.ClusterInfo, node_id: str) -> dict[str, Any]:
+    reader = Credentials(info.mqtt_username, info.mqtt_password)
+    async with mqtt.client(info.mqtt_url, reader) as client:
         await client.subscribe(f"gpurm/telemetry/{node_id}")
         async for message in client.messages:  # retained: the latest reading arrives at once
             payload = message.payload
@@ -66,7 +68,7 @@ async def telemetry_message(mqtt_url: str, node_id: str) -> dict[str, Any]:
 
 
 def test_gpu_off_the_bus_fails_the_learner_as_infra_and_is_no_longer_offered(
-        rm: RMProcess, tmp_path: Path, mqtt_url: str) -> None:
+        rm: RMProcess, tmp_path: Path) -> None:
     node_id = f"hlth-{uuid.uuid4().hex[:6]}"
     faults = tmp_path / "faults"
     agent = AgentProcess(tmp_path, rm, node_id)
@@ -86,7 +88,8 @@ def test_gpu_off_the_bus_fails_the_learner_as_infra_and_is_no_longer_offered(
         status = poll(shows_use, WAIT,
                       lambda: f"no GPU use in `gpurm status {job_id}`:\n{gpurm(rm, 'status', job_id)}", every=0.2)
         assert "% avg, mem " in status
-        data = asyncio.run(asyncio.wait_for(telemetry_message(mqtt_url, node_id), WAIT))
+        info = rm.client.GetClusterInfo(pb.ClusterInfoRequest(), timeout=5)
+        data = asyncio.run(asyncio.wait_for(telemetry_message(info, node_id), WAIT))
         row = data["gpus"][gpu]
         assert row["container"] == learner.container_id
         assert 55 <= row["util_pct"] <= 95

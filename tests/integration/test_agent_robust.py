@@ -19,6 +19,7 @@ from gpurm.nodeagent.containers import ContainerSupervisor
 from gpurm.nodeagent.identity import RunAsMode
 from gpurm.nodeagent.procgroup import pid_alive
 from gpurm.proto import gpurm_pb2 as pb
+from tests.conftest import TestBroker
 from tests.integration.harness import ROOT, alive
 from tests.integration.rmproc import AgentProcess, RMProcess, poll, wait_gone
 
@@ -127,8 +128,8 @@ async def test_output_is_rotated_by_size(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def rm(tmp_path: Path, mqtt_url: str) -> Iterator[RMProcess]:
-    proc = RMProcess(tmp_path / "rm", mqtt_url, heartbeat="30s")
+def rm(tmp_path: Path, broker: TestBroker) -> Iterator[RMProcess]:
+    proc = RMProcess(tmp_path / "rm", broker, heartbeat="30s")
     yield proc
     assert proc.close() == 0, proc.log_text()
 

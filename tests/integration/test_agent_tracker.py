@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from gpurm.proto import gpurm_pb2 as pb
+from tests.conftest import TestBroker
 from tests.integration.harness import alive
 from tests.integration.rmproc import USER, AgentProcess, RMProcess, poll, wait_gone
 
@@ -31,8 +32,8 @@ def node_name(prefix: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def rm(tmp_path_factory: pytest.TempPathFactory, mqtt_url: str) -> Iterator[RMProcess]:
-    proc = RMProcess(tmp_path_factory.mktemp("tracker-rm"), mqtt_url, heartbeat=f"{INTERVAL_S:g}s")
+def rm(tmp_path_factory: pytest.TempPathFactory, broker: TestBroker) -> Iterator[RMProcess]:
+    proc = RMProcess(tmp_path_factory.mktemp("tracker-rm"), broker, heartbeat=f"{INTERVAL_S:g}s")
     yield proc
     assert proc.close() == 0, proc.log_text()
 
@@ -112,10 +113,10 @@ def test_a_kill_is_pushed_to_the_agent_without_waiting_for_a_beat(rm: RMProcess,
     assert record["stopped"] and record["stop_reason"] == f"killed by {USER}: test cleanup"
 
 
-def test_a_node_the_rm_declared_lost_registers_again_when_told(tmp_path: Path, mqtt_url: str) -> None:
+def test_a_node_the_rm_declared_lost_registers_again_when_told(tmp_path: Path, broker: TestBroker) -> None:
     # A short expiry: a frozen agent (SIGSTOP) misses its beats and the RM marks the node LOST; its first beat
     # after SIGCONT carries a session the RM has dropped, the RM answers REREGISTER, the agent registers again.
-    rm = RMProcess(tmp_path / "rm", mqtt_url, heartbeat="300ms", missed_beats=3)
+    rm = RMProcess(tmp_path / "rm", broker, heartbeat="300ms", missed_beats=3)
     agent = AgentProcess(tmp_path / "agent", rm, node_name("lst"))
     try:
         agent.start()
@@ -138,8 +139,8 @@ def test_a_node_the_rm_declared_lost_registers_again_when_told(tmp_path: Path, m
 
 
 @pytest.fixture
-def crashing_rm(tmp_path: Path, mqtt_url: str) -> Iterator[RMProcess]:
-    proc = RMProcess(tmp_path / "rm", mqtt_url, heartbeat=f"{INTERVAL_S:g}s")
+def crashing_rm(tmp_path: Path, broker: TestBroker) -> Iterator[RMProcess]:
+    proc = RMProcess(tmp_path / "rm", broker, heartbeat=f"{INTERVAL_S:g}s")
     yield proc
     assert proc.close() == 0, proc.log_text()
 

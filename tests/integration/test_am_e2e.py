@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpurm.proto import gpurm_pb2 as pb
+from tests.conftest import TestBroker
 from tests.integration.harness import ROOT, DevCluster, alive
 
 SLEEP = ["--", "sh", "-c", "sleep 600"]
@@ -19,9 +21,9 @@ TOY = str(ROOT / "configs" / "jobs" / "toy_train.py")
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, mqtt_url: str) -> Iterator[DevCluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory, broker: TestBroker) -> Iterator[DevCluster]:
     # Four 8-GPU servers in one rack; quick node expiry for the lost-agent test.
-    c = DevCluster(tmp_path_factory.mktemp("am"), nodes=4, racks=1, mqtt_url=mqtt_url,
+    c = DevCluster(tmp_path_factory.mktemp("am"), nodes=4, racks=1, broker=broker,
                    extra=["--heartbeat", "500ms", "--missed-beats", "4"])
     yield c
     c.stop()
@@ -159,11 +161,11 @@ def test_the_am_follows_the_view_over_mqtt(cluster: DevCluster) -> None:
     kill_all(cluster, sleepers)
 
 
-def test_without_mqtt_the_am_polls_the_rm_and_the_job_still_runs(tmp_path: Path) -> None:
+def test_without_mqtt_the_am_polls_the_rm_and_the_job_still_runs(tmp_path: Path, broker: TestBroker) -> None:
     from tests.conftest import free_port
 
-    dead = f"mqtt://127.0.0.1:{free_port()}"                           # nothing listens there
-    c = DevCluster(tmp_path / "c", nodes=2, racks=1, mqtt_url=dead)
+    dead = dataclasses.replace(broker, url=f"mqtt://127.0.0.1:{free_port()}")   # nothing listens there
+    c = DevCluster(tmp_path / "c", nodes=2, racks=1, broker=dead)
     try:
         j = c.submit("--gpus", "16", "--", "python3", TOY, "--steps", "3")
         job = c.wait_job(j, timeout=60)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.conftest import TestBroker
 from tests.integration.chaos import Chaos
 
 
-def test_chaos(tmp_path: Path, mqtt_url: str) -> None:
+def test_chaos(tmp_path: Path, broker: TestBroker) -> None:
     events: list[str] = []
-    report = Chaos(tmp_path, mqtt_url, jobs=50, seed=0, say=events.append).run(timeout=300)
+    report = Chaos(tmp_path, broker, jobs=50, seed=0, say=events.append).run(timeout=300)
     assert len(report.chaos_events) == 4, report.chaos_events
     assert sum(report.by_state.values()) == 50
     assert report.ok, "\n".join([*report.problems, report.line(), *events])

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from gpurm.proto import gpurm_pb2 as pb
+from tests.conftest import TestBroker
 from tests.integration.harness import ROOT, DevCluster, alive
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, mqtt_url: str) -> Iterator[DevCluster]:
-    c = DevCluster(tmp_path_factory.mktemp("e2e"), nodes=3, racks=2, mqtt_url=mqtt_url)
+def cluster(tmp_path_factory: pytest.TempPathFactory, broker: TestBroker) -> Iterator[DevCluster]:
+    c = DevCluster(tmp_path_factory.mktemp("e2e"), nodes=3, racks=2, broker=broker)
     yield c
     assert c.stop() == 0
 
@@ -145,8 +146,8 @@ def test_unreachable_rm_is_one_line(cluster: DevCluster) -> None:
     assert r.code == 2 and "cannot reach the RM" in r.err and len(r.err.strip().splitlines()) == 1
 
 
-def test_sigkilled_agent_shows_lost_within_the_expiry(tmp_path: Path, mqtt_url: str) -> None:
-    c = DevCluster(tmp_path / "c", nodes=2, racks=1, mqtt_url=mqtt_url,
+def test_sigkilled_agent_shows_lost_within_the_expiry(tmp_path: Path, broker: TestBroker) -> None:
+    c = DevCluster(tmp_path / "c", nodes=2, racks=1, broker=broker,
                    extra=["--heartbeat", "500ms", "--missed-beats", "4"])
     try:
         os.kill(c.agent_pid("node-2"), signal.SIGKILL)
@@ -164,8 +165,8 @@ def test_sigkilled_agent_shows_lost_within_the_expiry(tmp_path: Path, mqtt_url: 
         c.stop()
 
 
-def test_sigterm_to_the_dev_cluster_leaves_no_orphan(tmp_path: Path, mqtt_url: str) -> None:
-    c = DevCluster(tmp_path / "c", nodes=2, racks=1, mqtt_url=mqtt_url)
+def test_sigterm_to_the_dev_cluster_leaves_no_orphan(tmp_path: Path, broker: TestBroker) -> None:
+    c = DevCluster(tmp_path / "c", nodes=2, racks=1, broker=broker)
     job_id = c.submit("--gpus", "4", "--", "sh", "-c", "sleep 600 & sleep 600")
     c.wait_job(job_id, states=[pb.JOB_RUNNING])
     daemons = [c.info["rm"]["pid"], *(a["pid"] for a in c.info["agents"])]

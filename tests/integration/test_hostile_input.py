@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.rm.service import AM_TOKEN_KEY, USER_KEY
+from tests.conftest import TestBroker
 from tests.integration.rmproc import USER, RMProcess
 
 CODE = grpc.StatusCode
@@ -60,11 +61,11 @@ METADATA_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), m
 
 
 @pytest.fixture(scope="module")
-def rm(tmp_path_factory: pytest.TempPathFactory, mqtt_url: str) -> Iterator[RMProcess]:
+def rm(tmp_path_factory: pytest.TempPathFactory, broker: TestBroker) -> Iterator[RMProcess]:
     workdir = tmp_path_factory.mktemp("hostile-rm")
     queues = workdir / "queues.yaml"
     queues.write_text(yaml.safe_dump(QUEUES))
-    proc = RMProcess(workdir, mqtt_url, queues=str(queues))
+    proc = RMProcess(workdir, broker, queues=str(queues))
     try:
         reply = pbg.ResourceTrackerStub(proc.channel).RegisterNode(proc.prove(_registration(NODE_ID)), timeout=10)
         assert reply.session

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpurm.proto import gpurm_pb2 as pb
+from tests.conftest import TestBroker
 from tests.integration.harness import DevCluster
 
 TIMEOUT_S, GRACE_S = 4, 2
@@ -29,10 +30,10 @@ SLEEP = ["--", "sh", "-c", "sleep 600"]
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, mqtt_url: str) -> Iterator[DevCluster]:
+def cluster(tmp_path: Path, broker: TestBroker) -> Iterator[DevCluster]:
     qfile = tmp_path / "queues.yaml"
     qfile.write_text(QUEUES)
-    c = DevCluster(tmp_path / "c", nodes=2, racks=1, mqtt_url=mqtt_url, extra=["--queues", str(qfile)])
+    c = DevCluster(tmp_path / "c", nodes=2, racks=1, broker=broker, extra=["--queues", str(qfile)])
     c.queues_file = qfile  # type: ignore[attr-defined]
     yield c
     c.stop()

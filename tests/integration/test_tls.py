@@ -23,6 +23,7 @@ from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.rm import tls
 from gpurm.rm.service import USER_KEY
 from gpurm.rm.tls import TLSConfig, load_tls
+from tests.conftest import TestBroker
 from tests.integration.harness import ROOT
 from tests.integration.rmproc import AgentProcess, RMProcess
 
@@ -94,9 +95,9 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, mqtt_url: str, certs: Certs) -> Iterator[Cluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory, broker: TestBroker, certs: Certs) -> Iterator[Cluster]:
     work = tmp_path_factory.mktemp("tls")
-    rm = RMProcess(work / "rm", mqtt_url, heartbeat="500ms", client_tls=as_tls(certs.alice), tls=certs.rm,
+    rm = RMProcess(work / "rm", broker, heartbeat="500ms", client_tls=as_tls(certs.alice), tls=certs.rm,
                    admins=["alice"])
     # run_as agent: alice and bob are no accounts on this machine
     agent = AgentProcess(work / "agent", rm, NODE, containers={"run_as": "agent"}, tls=certs.agent)
