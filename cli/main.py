@@ -130,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("node", help="node id")
     p.add_argument("--undo", action="store_true", help="offer the node's GPUs again")
     p.set_defaults(func=cluster.cmd_drain)
+    from gpurm.cli.store import add_store_parser
+    add_store_parser(asubs)
     admin.set_defaults(func=lambda a: _missing_sub(admin))
 
     p = _sub(subs, "rm", "run the ResourceManager daemon", "  gpurm rm --config configs/rm.yaml", common=False)
