@@ -4,6 +4,7 @@ there is space. A real RM whose state dir is a small tmpfs, filled up."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import grpc
 import pytest
 
 from gpurm.proto import gpurm_pb2 as pb
-from tests.integration.rmproc import RMProcess, poll
+from tests.integration.rmproc import AgentProcess, RMProcess, poll
 from tests.security.rmstate import fill, known_node, tmpfs
 
 
@@ -59,4 +60,32 @@ def test_a_submit_on_a_full_disk_fails_and_leaves_no_trace(tmp_path: Path, mqtt_
             rm.start()
             assert names(rm) == ["after", "before"], "the refused submits are not in the store"
         finally:
+            rm.close()
+
+
+def test_a_refused_submit_launches_nothing_and_a_live_agent_carries_on(tmp_path: Path, mqtt_url: str) -> None:
+    """The core's effects wait for the write: a refused submit never reaches an agent. After the store works
+    again the agent is taken back (re-registered, as after an RM restart) and jobs run."""
+    with tmpfs(tmp_path / "rm-state", "4m") as state:
+        rm = RMProcess(tmp_path, mqtt_url, heartbeat="500ms", missed_beats=20)
+        agent = AgentProcess(tmp_path / "node-1", rm, "node-1")
+        try:
+            agent.start()
+            filler = fill(state)
+            with pytest.raises(grpc.RpcError) as refused:
+                submit(rm, "refused")
+            assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+            time.sleep(3)    # what a launch would take: the agent must not start an AM meanwhile
+            assert agent.processes(GPURM_RM=rm.address) == [], "the refused job's AM reached the agent"
+            assert names(rm) == []
+
+            filler.unlink()
+            poll(lambda: not rm.client.GetClusterInfo(pb.ClusterInfoRequest(), timeout=10).store_error, 15,
+                 "the RM to take writes again after space was freed")
+            rm.wait_node("node-1")
+            job_id = submit(rm, "after").job_id
+            assert rm.wait_job(job_id, timeout=60).state == pb.JOB_SUCCEEDED
+            assert names(rm) == ["after"]
+        finally:
+            agent.close()
             rm.close()
