@@ -66,6 +66,8 @@ class RM:
     def translate(self, exc: grpc.RpcError) -> CliError:
         code = exc.code() if hasattr(exc, "code") else None
         details = exc.details() if hasattr(exc, "details") else str(exc)
+        if code is grpc.StatusCode.UNAVAILABLE and (details or "").startswith("the RM's store"):
+            return CliError(f"the RM is up but refuses changes: {details}")
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             why = (details or "").strip() or code.name
             if self.tls is not None:

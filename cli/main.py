@@ -134,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cluster.cmd_drain)
     admin_cli.add_parsers(asubs, _sub)
     broker.add_broker_parser(asubs)
+    from gpurm.cli.store import add_store_parser
+    add_store_parser(asubs)
     admin.set_defaults(func=lambda a: _missing_sub(admin))
 
     p = _sub(subs, "rm", "run the ResourceManager daemon", "  gpurm rm --config configs/rm.yaml", common=False)

@@ -12,7 +12,12 @@ from gpurm.queues.fields import ConfigError, Problems, Reader, parse_duration
 from gpurm.queues.tree import EVERYONE, Policy, PreemptionSettings, QueueDef, QueueTree
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_NAME = 64                    # characters of a queue name
 MAX_DEPTH = 32
+MAX_YAML_BYTES = 1 << 20         # the text of a queue config
+MAX_QUEUES = 5000                # queues in one config (root not counted)
+MAX_ACL_ENTRIES = 256            # entries in one acl.submit or acl.admin list
+MAX_ACL_ENTRY = 128              # characters of one ACL entry (a user or @group name)
 MAX_COUNT = 1_000_000            # GPUs or jobs: far above any cluster, and within every int32 field
 MAX_WEIGHT = 1e6
 MAX_TIMEOUT_S = 365 * 86400.0
@@ -21,10 +26,39 @@ _QUEUE_KEYS = ("weight", "min_gpus", "max_gpus", "max_running_jobs", "max_gpus_p
                "fair_share_preemption_threshold", "preemption_grace")
 
 
+class _TooManyQueues(Exception):
+    pass
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """A YAML loader that notes keys given twice in one mapping (PyYAML silently keeps the last)."""
+    """A YAML loader that notes keys given twice in one mapping (PyYAML silently keeps the last), and stops
+    reading as soon as the document names more than MAX_QUEUES queues (the keys of every `queues:` mapping), so
+    an oversized config is refused after reading only its first MAX_QUEUES queues."""
 
     duplicates: list[str]
+    queue_keys = 0
+    _pending_queues = False
+    _queue_maps: set[int]
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if index is None and parent is not None:
+            if self._pending_queues:
+                self._pending_queues = False
+                self._queue_maps.add(id(parent))
+            if id(parent) in self._queue_maps:
+                self.queue_keys += 1
+                if self.queue_keys > MAX_QUEUES:
+                    raise _TooManyQueues()
+        elif isinstance(index, yaml.ScalarNode) and index.value == "queues":
+            self._next_is_queues = True
+        return super().compose_node(parent, index)
+
+    def compose_mapping_node(self, anchor: Any) -> Any:
+        self._pending_queues = getattr(self, "_next_is_queues", False)
+        self._next_is_queues = False
+        node = super().compose_mapping_node(anchor)
+        self._pending_queues = False
+        return node
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -58,10 +92,14 @@ def load_yaml(text: str, source: str) -> Any:
     except yaml.YAMLError as exc:
         raise ConfigError([_yaml_problem(source, exc)]) from None
     loader.duplicates = []
+    loader._queue_maps = set()
     try:
         data = loader.get_single_data()
     except yaml.YAMLError as exc:
         raise ConfigError([_yaml_problem(source, exc)]) from None
+    except _TooManyQueues:
+        raise ConfigError([f"{source}: more than {MAX_QUEUES} queues (the limit for one config); refused after "
+                           f"reading {MAX_QUEUES}"]) from None
     except RecursionError:
         raise ConfigError([f"{source}: nested too deeply to read (queues nest at most {MAX_DEPTH} levels)"]) from None
     finally:
@@ -109,7 +147,13 @@ def _acl(r: Reader) -> tuple[list[str] | None, list[str] | None]:
     submit = a.strings("submit") if a.has("submit") else None
     admin = a.strings("admin") if a.has("admin") else None
     for label, entries in (("submit", submit), ("admin", admin)):
+        if entries is not None and len(entries) > MAX_ACL_ENTRIES:
+            a.error(label, f"{len(entries)} entries; at most {MAX_ACL_ENTRIES} (use @groups for more people)")
+            continue
         for e in entries or []:
+            if len(e) > MAX_ACL_ENTRY:
+                a.error(label, f"{e[:32]!r}... is {len(e)} characters; at most {MAX_ACL_ENTRY}")
+                continue
             if not e or e == "@" or (e != EVERYONE and not re.fullmatch(r"@?[A-Za-z0-9_.-]+\$?", e)):
                 a.error(label, f"{e!r} is not a user, @group or *")
     a.reject_unknown()
@@ -161,7 +205,7 @@ def _children(data: Any, parent: str, p: Problems, inherited: PreemptionSettings
         path = f"{parent}.{name}"
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             p.add(path if len(path) <= 200 else f"{parent}.{str(name)[:64]}...",
-                  "queue names use letters, digits, - and _ (no dots), at most 64 of them")
+                  f"queue names use letters, digits, - and _ (no dots), at most {MAX_NAME} of them")
             continue
         if name == "root":
             p.add(path, "`root` is the tree's own name; pick another")
@@ -189,7 +233,10 @@ def _check_tree(tree: QueueTree, p: Problems) -> None:
 
 
 def parse_queues(text: str, source: str = "queues.yaml") -> QueueTree:
-    """A validated QueueTree from YAML text, or ConfigError with every problem."""
+    """A validated QueueTree from YAML text, or ConfigError with every problem (or the first limit exceeded:
+    MAX_YAML_BYTES of text, MAX_QUEUES queues, MAX_DEPTH levels)."""
+    if len(text) > MAX_YAML_BYTES or len(text.encode("utf-8", errors="replace")) > MAX_YAML_BYTES:
+        raise ConfigError([f"{source}: larger than {MAX_YAML_BYTES} bytes (the limit for a queue config)"])
     data = load_yaml(text, source)
     if data is None:
         raise ConfigError([f"{source}: is empty; a queue config needs `queues:` with at least one queue"])
@@ -213,6 +260,9 @@ def parse_queues(text: str, source: str = "queues.yaml") -> QueueTree:
     else:
         root.children = _children(children, "root", p, preemption)
     tree = QueueTree(root, preemption, source=text)
+    count = sum(1 for _ in tree.walk()) - 1
+    if count > MAX_QUEUES:
+        p.add("queues", f"{count} queues; at most {MAX_QUEUES}")
     _check_tree(tree, p)
     if p.items:
         raise ConfigError([f"{source}: {item}" for item in p.items])

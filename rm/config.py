@@ -43,6 +43,9 @@ class RMConfig:
     scheduler_interval_s: float = 0.05     # at most one scheduling pass per interval under load
     limits: ServerLimits = field(default_factory=ServerLimits)
     tls: TLSConfig | None = None            # mTLS for every gRPC connection; None = plaintext
+    shutdown_grace_s: float = 2.0           # on SIGTERM/SIGINT: time in-flight requests get to finish
+    shutdown_timeout_s: float = 10.0        # ... and the RM exits hard this long after the signal, whatever hangs
+    store_backups: int = 5                  # automatic store backups kept (one written at each start)
 
     @property
     def advertised(self) -> str:
@@ -134,6 +137,15 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     sch.reject_unknown()
     if s.heartbeat_interval_s <= 0:
         hb.error("interval", "must be above 0")
+    sd = r.section("shutdown")
+    cfg.shutdown_grace_s = sd.duration("grace", cfg.shutdown_grace_s, maximum=3600.0)
+    cfg.shutdown_timeout_s = sd.duration("timeout", cfg.shutdown_timeout_s, maximum=3600.0)
+    if cfg.shutdown_timeout_s <= cfg.shutdown_grace_s:
+        sd.error("timeout", f"must be above grace ({cfg.shutdown_grace_s:g}s), got {cfg.shutdown_timeout_s:g}s")
+    sd.reject_unknown()
+    st = r.section("store")
+    cfg.store_backups = st.integer("backups", cfg.store_backups, minimum=0, maximum=1000)
+    st.reject_unknown()
     cfg.settings = s
     r.reject_unknown()
     p.raise_if_any()

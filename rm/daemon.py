@@ -15,6 +15,7 @@ import logging
 import os
 import pwd
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Coroutine, Iterator
@@ -25,7 +26,7 @@ import grpc
 
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.queues.config import parse_queues
+from gpurm.queues.config import MAX_YAML_BYTES, parse_queues
 from gpurm.queues.fields import ConfigError, parse_address
 from gpurm.queues.tree import QueueTree, default_tree
 from gpurm.rm import brokerauth, convert, mqtt, tls
@@ -36,8 +37,10 @@ from gpurm.rm.identity import Caller, CallerKind
 from gpurm.rm.limits import make_server
 from gpurm.rm.model import Container, ContainerKind, Job
 from gpurm.rm.netcheck import listen_problem
+from gpurm.rm.persist import RETRY_S, Persister, rebuild_core
 from gpurm.rm.service import AdminService, AMService, ClientService, DecodeGuard, TrackerService
-from gpurm.rm.store import SqliteStore
+from gpurm.rm.statedir import StateDirBusy, StateDirLock, rotate_backup
+from gpurm.rm.store import SqliteStore, StoreDamaged, StoreWriteError
 from gpurm.rm.tokens import JOIN_WINDOW_MS, ClusterKeys, TokenKey, am_token, am_token_expiry, sign_container
 
 log = logging.getLogger(__name__)
@@ -78,6 +81,10 @@ class RMShell:
         self.config = config
         self.store = SqliteStore(config.state_dir / "state.db")
         self.core = RMCore(config.settings, self._initial_queues())
+        self.committed_tree = self.core.queues.tree    # the queue config the store holds (a rollback keeps it)
+        self.persist = Persister(self.store, config.state_dir, self._roll_back)
+        self._stale = False                            # memory is ahead of the store: rebuild before writing
+        self._refresh_lock = asyncio.Lock()
         self.keys = ClusterKeys.load(config.state_dir / "token.key")
         self.epoch = bump_epoch(config.state_dir / "epoch")
         self._node_keys: dict[str, TokenKey] = {}
@@ -106,17 +113,23 @@ class RMShell:
 
     @contextlib.contextmanager
     def mutation(self) -> Iterator[None]:
-        """Run a core call, then persist its changes and carry out its effects before the caller replies."""
+        """Run a core call, then persist its changes and carry out its effects before the caller replies.
+        While the store refuses writes: RequestError(UNAVAILABLE) before anything changes (rm/persist.py)."""
+        self.persist.check_writable()
         try:
             yield
         finally:
             self.flush()
 
     def flush(self) -> None:
+        """Write what changed, then carry out the core's effects; nothing is carried out unless written. A failed
+        write rolls memory back to the store and raises RequestError(UNAVAILABLE)."""
+        if not self.persist.writable:
+            return
         core = self.core
         dirty = core.take_dirty()
         if dirty:
-            self.store.save(
+            self.persist.commit(
                 [core.jobs[j] for j in dirty.jobs if j in core.jobs],
                 [core.containers[c] for c in dirty.containers if c in core.containers],
                 [core.cluster.nodes[n] for n in dirty.nodes if n in core.cluster.nodes],
@@ -136,6 +149,27 @@ class RMShell:
                     for o in orders]))
         if core.cluster.changed:
             self._view_dirty.set()
+
+    def _roll_back(self) -> None:
+        """After a failed write: forget everything not on disk (the core, with its queued effects and stop orders,
+        is rebuilt from the store as on a restart)."""
+        self._stale = True
+        self.core = rebuild_core(self.store, self.config.settings, self.committed_tree, self.core, time.time())
+        self._stale = False
+        self._view_dirty.set()
+
+    async def _store_retry_loop(self) -> None:
+        while True:
+            await asyncio.sleep(RETRY_S)
+            if self.persist.writable:
+                continue
+            try:
+                if self._stale:
+                    self._roll_back()
+                if not self._stale:
+                    self.persist.try_resume()
+            except Exception as exc:   # a store that cannot even be read: keep refusing writes, keep trying
+                log.warning("the store still cannot be used: %s", exc)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -255,8 +289,11 @@ class RMShell:
             unreachable = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
         if failure:
             log.warning("could not start AM %s: %s", c.container_id, failure)
-            with self.mutation():
-                self.core.am_launch_failed(c.container_id, failure, time.time(), agent_unreachable=unreachable)
+            try:
+                with self.mutation():
+                    self.core.am_launch_failed(c.container_id, failure, time.time(), agent_unreachable=unreachable)
+            except RequestError as exc:   # the store refuses writes: the AM's start timeout catches it later
+                log.warning("AM %s launch failure not recorded: %s", c.container_id, exc.message)
 
     # ------------------------------------------------------------ MQTT
 
@@ -360,7 +397,8 @@ class RMShell:
         info = pb.ClusterInfo(mqtt_url=self.mqtt_url, version=VERSION, gpus_total=cluster.total_gpus,
                               nodes=len(cluster.nodes), started_ms=convert.ms(self.started),
                               insecure=self.config.tls is None, epoch=self.epoch, warnings=self.security_warnings(),
-                              mqtt_username=reader.username, mqtt_password=reader.password)
+                              mqtt_username=reader.username, mqtt_password=reader.password,
+                              store_error=self.persist.error)
         if who is not None:
             info.caller = who.describe()
             info.caller_admin = self.is_admin(who)
@@ -411,27 +449,35 @@ class RMShell:
                 starved_since_ms=convert.ms(since)))
         return pb.ListQueuesResponse(queues=out, capacity=capacity)
 
-    def refresh_queues(self, text: str) -> pb.RefreshQueuesResponse:
-        """All or nothing: an invalid config, or one that drops a queue still holding jobs, changes nothing."""
+    async def refresh_queues(self, text: str) -> pb.RefreshQueuesResponse:
+        """All or nothing: an invalid config, or one that drops a queue still holding jobs, changes nothing.
+        Reading, parsing and validating run in a worker thread (a big config does not stall other clients); the
+        swap runs on the loop. One refresh at a time."""
+        async with self._refresh_lock:
+            return await self._refresh_queues(text)
+
+    async def _refresh_queues(self, text: str) -> pb.RefreshQueuesResponse:
         source = "the uploaded config"
+        self.persist.check_writable()
         if not text:
             if not self.config.queues_file:
                 return pb.RefreshQueuesResponse(applied=False, errors=[
                     "the RM was started without a queues file: pass one (gpurm admin refresh-queues FILE)"])
             source = self.config.queues_file
             try:
-                text = Path(source).read_text()
-            except OSError as exc:
-                return pb.RefreshQueuesResponse(applied=False, errors=[f"cannot read {source}: {exc.strerror}"])
+                text = await asyncio.to_thread(read_queues_file, Path(source))
+            except ConfigError as exc:
+                return pb.RefreshQueuesResponse(applied=False, errors=exc.problems)
         try:
-            tree = parse_queues(text, source)
+            tree = await asyncio.to_thread(parse_queues, text, source)
         except ConfigError as exc:
             log.warning("queue config rejected (%d problems); the old one stays", len(exc.problems))
             return pb.RefreshQueuesResponse(applied=False, errors=exc.problems)
         with self.mutation():
             problems = self.core.replace_tree(tree)
             if not problems:
-                self.store.save([], [], [], {"queues_yaml": text})
+                self.persist.commit([], [], [], {"queues_yaml": text})
+                self.committed_tree = tree
                 self.core.schedule(time.time())
         if problems:
             log.warning("queue config rejected: %s", "; ".join(problems))
@@ -469,10 +515,10 @@ class RMShell:
     async def _schedule_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.scheduler_interval_s)
-            if self._pass_pending:
+            if self._pass_pending and self.persist.writable:
                 self._pass_pending = False
                 self._last_pass = time.monotonic()
-                with self.mutation():
+                with contextlib.suppress(RequestError), self.mutation():   # a failed write: logged already
                     self.core.schedule(time.time())
 
     def new_session(self) -> str:
@@ -532,10 +578,14 @@ class RMShell:
         interval = min(1.0, self.core.settings.heartbeat_interval_s / 2)
         while True:
             await asyncio.sleep(interval)
+            if not self.persist.writable:
+                continue       # the store refuses writes: the periodic work waits for it
             try:
                 with self.mutation():
                     self.core.tick(time.time())
                 self._forget_tokens()
+            except RequestError:
+                pass           # the store refused this tick's write (logged once by the persister)
             except Exception:
                 log.exception("tick failed")
 
@@ -546,6 +596,9 @@ class RMShell:
             raise OSError(f"cannot listen on {self.config.listen}: {problem}")
         snap = self.store.load()
         self.core.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, time.time())
+        kept = rotate_backup(self.store, self.config.state_dir, self.config.store_backups)
+        if kept is not None:
+            log.info("store backed up to %s (keeping the last %d)", kept, self.config.store_backups)
         if not self.mqtt_url:
             host, port = parse_address(self.config.mqtt_listen)
             self.broker = EmbeddedBroker(host, port, self.broker_auth)
@@ -578,7 +631,7 @@ class RMShell:
                 self._publish_job(job.job_id)
         self._view_dirty.set()
         tasks = [asyncio.create_task(self._tick_loop()), asyncio.create_task(self._publish_view_loop()),
-                 asyncio.create_task(self._schedule_loop())]
+                 asyncio.create_task(self._schedule_loop()), asyncio.create_task(self._store_retry_loop())]
         try:
             await stop.wait()
         finally:
@@ -587,7 +640,7 @@ class RMShell:
                 t.cancel()
             for q in list(self.streams.values()):
                 q.put_nowait(None)
-            await server.stop(grace=1.0)
+            await server.stop(grace=self.config.shutdown_grace_s)
             for task in list(self._tasks):
                 task.cancel()
             for ch in self._channels.values():
@@ -605,29 +658,86 @@ class RMShell:
 
 
 def run_rm(config: RMConfig) -> int:
-    """Run the RM until SIGTERM or SIGINT. Returns the exit code."""
+    """Run the RM until SIGTERM or SIGINT. Returns the exit code: 0 after a clean stop, 2 when it cannot start
+    (one line in the log says why), 1 when a stop outran `shutdown.timeout` and the RM exited hard."""
+    os.umask(0o077)          # the store, key and pidfile are the RM's alone
+    lock = StateDirLock(config.state_dir)
+    watchdog = ShutdownWatchdog(config.shutdown_timeout_s)
 
     async def main() -> None:
-        config.state_dir.mkdir(parents=True, exist_ok=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal(sig: signal.Signals) -> None:
+            if not stop.is_set():
+                log.info("%s: stopping (in-flight requests get %.1f s; exit within %.1f s)", sig.name,
+                         config.shutdown_grace_s, config.shutdown_timeout_s)
+            stop.set()
+            watchdog.arm(sig.name)
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
         shell = RMShell(config)
-        loop.add_signal_handler(signal.SIGHUP, lambda: _log_refresh(shell.refresh_queues("")))
+        loop.add_signal_handler(signal.SIGHUP, lambda: shell._spawn(_refresh_on_sighup(shell)))
         await shell.run(stop)
 
     try:
+        lock.acquire()
         asyncio.run(main())
-    except OSError as exc:
-        log.error("%s", exc)
+    except (OSError, StateDirBusy, StoreDamaged, StoreWriteError) as exc:
+        log.error("cannot start: %s", exc)
         return 2
     except ConfigError as exc:
         log.error("cannot start: %s", "; ".join(exc.problems))
         return 2
+    finally:
+        watchdog.disarm()
+        lock.release()
+    log.info("RM stopped")
     return 0
 
 
-def _log_refresh(reply: pb.RefreshQueuesResponse) -> None:
+class ShutdownWatchdog:
+    """Ends the process `timeout_s` after a stop signal, whatever still hangs (a stuck stream, a dependency that
+    does not answer, a worker thread): a thread, so it fires even when the event loop is blocked."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._timer: threading.Timer | None = None
+
+    def arm(self, why: str) -> None:
+        if self._timer is None:
+            self._timer = threading.Timer(self.timeout_s, self._fire, args=(why,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _fire(self, why: str) -> None:
+        log.error("RM did not stop within %.1f s of %s (shutdown.timeout); exiting now", self.timeout_s, why)
+        logging.shutdown()
+        os._exit(1)
+
+
+def read_queues_file(path: Path) -> str:
+    """The text of a queues file, at most MAX_YAML_BYTES (ConfigError naming the file and the reason)."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError([f"cannot read {path}: {exc.strerror}"]) from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise ConfigError([f"{path}: larger than {MAX_YAML_BYTES} bytes (the limit for a queue config)"])
+    return raw.decode("utf-8", errors="replace")
+
+
+async def _refresh_on_sighup(shell: RMShell) -> None:
+    try:
+        reply = await shell.refresh_queues("")
+    except RequestError as exc:
+        log.error("SIGHUP: queue config not applied: %s", exc.message)
+        return
     if not reply.applied:
         log.error("SIGHUP: queue config not applied: %s", "; ".join(reply.errors))

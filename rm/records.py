@@ -14,6 +14,18 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+
+class RecordError(ValueError):
+    """A stored record this RM cannot read: `field` is the dotted path to the bad value ("" for the record)."""
+
+    def __init__(self, reason: str, field: str = "") -> None:
+        super().__init__(f"{field}: {reason}" if field else reason)
+        self.reason = reason
+        self.field = field
+
+    def within(self, name: str) -> RecordError:
+        return RecordError(self.reason, f"{name}.{self.field}" if self.field else name)
+
 _HINTS: dict[type, dict[str, Any]] = {}
 
 
@@ -41,11 +53,29 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
     if hints is None:
         hints = _source_hints(cls) or typing.get_type_hints(cls)
         _HINTS[cls] = hints
+    if not isinstance(data, dict):
+        raise RecordError(f"expected a {cls.__name__} record (a mapping), got {type(data).__name__}")
     kwargs = {}
+    missing = []
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name in data and f.init:
-            kwargs[f.name] = _load(hints[f.name], data[f.name])
-    return cls(**kwargs)
+        if not f.init:
+            continue
+        if f.name in data:
+            try:
+                kwargs[f.name] = _load(hints[f.name], data[f.name])
+            except RecordError as exc:
+                raise exc.within(f.name) from None
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise RecordError(f"cannot read {str(data[f.name])[:80]!r} ({type(exc).__name__})", f.name
+                                  ) from None
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            missing.append(f.name)
+    if missing:
+        raise RecordError(f"missing (required in a {cls.__name__} record)", ", ".join(missing))
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise RecordError(f"not a valid {cls.__name__} record ({exc})") from None
 
 
 def _load(hint: Any, value: Any) -> Any:
@@ -66,7 +96,11 @@ def _load(hint: Any, value: Any) -> Any:
         key_hint = args[0]
         return {(int(k) if key_hint is int else k): _load(args[1], v) for k, v in value.items()}
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return hint[value]
+        try:
+            return hint[value]
+        except (KeyError, TypeError):
+            raise RecordError(f"unknown {hint.__name__} value {str(value)[:64]!r} (written by a newer gpurm?)"
+                              ) from None
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return from_dict(hint, value)
     if hint is float and isinstance(value, int):

@@ -230,7 +230,7 @@ class AdminService(pbg.AdminServicer):
     async def RefreshQueues(self, request: pb.RefreshQueuesRequest, context: Ctx
                             ) -> pb.RefreshQueuesResponse:
         self._require_admin(context, "refresh-queues")
-        return self.shell.refresh_queues(request.yaml)
+        return await self.shell.refresh_queues(request.yaml)
 
     @rpc
     async def DrainNode(self, request: pb.DrainNodeRequest, context: Ctx
@@ -444,6 +444,9 @@ class TrackerService(pbg.ResourceTrackerServicer):
                             _now(), beat.healthy, beat.health_report[:2000],
                             [(g.index, g.healthy, g.health_reason[:500]) for g in beat.gpu_health])
                         self.shell.record_usage(beat)
+                except RequestError as exc:   # the store refuses writes: this beat changes nothing
+                    log.debug("heartbeat from %s not taken: %s", node_id, exc.message)
+                    continue
                 except Exception:
                     log.exception("heartbeat from %s failed", node_id)
                     continue

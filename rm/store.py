@@ -9,14 +9,42 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpurm.rm.cluster import Node
 from gpurm.rm.model import Container, Job
-from gpurm.rm.records import from_dict, to_dict
+from gpurm.rm.records import RecordError, from_dict, to_dict
+
+BACKUPS = "backups"        # the folder of automatic backups, in the state dir
+
+
+class StoreDamaged(Exception):
+    """The store file, or a record in it, cannot be read. The message is one line: what, where, what to do."""
+
+
+class StoreWriteError(Exception):
+    """A write to the store did not reach the disk; nothing of it was committed."""
+
+
+@dataclass
+class Damage:
+    """One unreadable thing in a store: `where` is `file`, or `TABLE KEY` for a record."""
+
+    where: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.reason}"
+
+
+def recovery_hint(path: Path) -> str:
+    state_dir = path.parent
+    return (f"list what is damaged with `gpurm admin store check --state-dir {state_dir}`, then restore a backup "
+            f"with `gpurm admin store restore --state-dir {state_dir} FILE` (automatic backups in "
+            f"{state_dir / BACKUPS})")
 
 
 @dataclass
@@ -74,45 +102,121 @@ CREATE INDEX IF NOT EXISTS containers_by_job ON containers (job_id);
 SCHEMA_VERSION = "1"
 
 
+_RECORDS: tuple[tuple[str, str, type], ...] = (("jobs", "job_id", Job), ("containers", "container_id", Container),
+                                               ("nodes", "node_id", Node))
+
+
+def _describe(exc: sqlite3.Error | OSError) -> str:
+    return str(exc) or type(exc).__name__
+
+
 class SqliteStore:
     def __init__(self, path: Path) -> None:
+        """Open (or create) the store. StoreDamaged when the file is not a readable gpurm store."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-        if row is None:
-            self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
-        elif row[0] != SCHEMA_VERSION:
-            raise RuntimeError(f"state store {path} has schema {row[0]}, this RM reads {SCHEMA_VERSION}")
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            if "locked" in str(exc) or "disk is full" in str(exc) or "readonly" in str(exc):
+                raise StoreWriteError(f"the RM's store {path} cannot be opened: {_describe(exc)}") from None
+            raise StoreDamaged(f"the RM's store {path} cannot be read ({_describe(exc)}); "
+                               f"{recovery_hint(path)}") from None
+        if row is not None and row[0] != SCHEMA_VERSION:
+            self._db.close()
+            raise StoreDamaged(f"the RM's store {path} has schema {str(row[0])[:32]!r}, this RM reads "
+                               f"{SCHEMA_VERSION} (written by another gpurm version?); {recovery_hint(path)}")
+
+    def _rows(self) -> Iterator[tuple[str, str, type, str]]:
+        for table, key, cls in _RECORDS:
+            order = " ORDER BY seq" if table == "jobs" else ""
+            for record_key, data in self._db.execute(f"SELECT {key}, data FROM {table}{order}"):
+                yield table, str(record_key), cls, data
+
+    @staticmethod
+    def _decode(record: type, data: str) -> object:
+        try:
+            raw = json.loads(data)
+        except (ValueError, TypeError) as exc:
+            raise RecordError(f"not JSON ({exc})") from None
+        return from_dict(record, raw)
 
     def load(self) -> Snapshot:
-        db = self._db
-        return Snapshot(
-            jobs=[from_dict(Job, json.loads(d)) for (d,) in db.execute("SELECT data FROM jobs ORDER BY seq")],
-            containers=[from_dict(Container, json.loads(d)) for (d,) in db.execute("SELECT data FROM containers")],
-            nodes=[from_dict(Node, json.loads(d)) for (d,) in db.execute("SELECT data FROM nodes")],
-            meta={k: v for k, v in db.execute("SELECT key, value FROM meta")},
-        )
+        """Every record. StoreDamaged naming the first record that cannot be read."""
+        snap = Snapshot()
+        lists: dict[str, list[Any]] = {"jobs": snap.jobs, "containers": snap.containers, "nodes": snap.nodes}
+        try:
+            for table, key, cls, data in self._rows():
+                try:
+                    lists[table].append(self._decode(cls, data))
+                except RecordError as exc:
+                    raise StoreDamaged(f"the RM's store {self.path} has a record it cannot read: {table} "
+                                       f"{key[:128]}: {str(exc)[:300]}; {recovery_hint(self.path)}") from None
+            snap.meta = {str(k): str(v) for k, v in self._db.execute("SELECT key, value FROM meta")}
+        except sqlite3.DatabaseError as exc:
+            raise StoreDamaged(f"the RM's store {self.path} cannot be read ({_describe(exc)}); "
+                               f"{recovery_hint(self.path)}") from None
+        return snap
+
+    def check(self) -> list[Damage]:
+        """Read every record; what cannot be read, each named (empty: the store is sound)."""
+        out: list[Damage] = []
+        try:
+            row = self._db.execute("PRAGMA integrity_check").fetchone()
+            if row is None or row[0] != "ok":
+                out.append(Damage("file", f"SQLite integrity check: {row[0] if row else 'no answer'}"))
+            for table, key, cls, data in self._rows():
+                try:
+                    self._decode(cls, data)
+                except RecordError as exc:
+                    out.append(Damage(f"{table} {key[:128]}", str(exc)[:300]))
+            for k, v in self._db.execute("SELECT key, value FROM meta"):
+                if k in ("next_job_seq", "next_container_seq") and not str(v).isdigit():
+                    out.append(Damage(f"meta {k}", f"not a number: {str(v)[:32]!r}"))
+        except sqlite3.DatabaseError as exc:
+            out.append(Damage("file", _describe(exc)))
+        return out
 
     def save(self, jobs: Iterable[Job], containers: Iterable[Container], nodes: Iterable[Node],
              meta: dict[str, str]) -> None:
+        """Commit all of it or none of it. StoreWriteError when the disk refuses (full, read-only, I/O error):
+        the transaction is rolled back and the error is never masked by the rollback's own."""
         db = self._db
-        db.execute("BEGIN IMMEDIATE")
+        rows_jobs = [(j.job_id, j.seq, j.state.name, json.dumps(to_dict(j))) for j in jobs]
+        rows_containers = [(c.container_id, c.job_id, c.phase.name, json.dumps(to_dict(c))) for c in containers]
+        rows_nodes = [(n.node_id, json.dumps(to_dict(n))) for n in nodes]
         try:
-            db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?)",
-                           [(j.job_id, j.seq, j.state.name, json.dumps(to_dict(j))) for j in jobs])
-            db.executemany("INSERT OR REPLACE INTO containers VALUES (?, ?, ?, ?)",
-                           [(c.container_id, c.job_id, c.phase.name, json.dumps(to_dict(c))) for c in containers])
-            db.executemany("INSERT OR REPLACE INTO nodes VALUES (?, ?)",
-                           [(n.node_id, json.dumps(to_dict(n))) for n in nodes])
-            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(meta.items()))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?)", rows_jobs)
+                db.executemany("INSERT OR REPLACE INTO containers VALUES (?, ?, ?, ?)", rows_containers)
+                db.executemany("INSERT OR REPLACE INTO nodes VALUES (?, ?)", rows_nodes)
+                db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(meta.items()))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:     # SQLite may have rolled back itself (e.g. on SQLITE_FULL)
+                    try:
+                        db.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                raise
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreWriteError(_describe(exc)) from exc
+
+    def backup(self, target: Path) -> None:
+        """An online copy of the store (SQLite's backup API: consistent while the RM writes)."""
+        dest = sqlite3.connect(str(target))
+        try:
+            self._db.backup(dest)
+        finally:
+            dest.close()
 
     def close(self) -> None:
         self._db.close()

@@ -1,0 +1,77 @@
+"""Fail closed on the store (rm/persist.py): a refused write fails the request, rolls memory back to the disk and
+stops writes until the store works again. A real SQLite store made read-only (PRAGMA query_only) refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpurm.queues.tree import default_tree
+from gpurm.rm.cluster import GpuRecord
+from gpurm.rm.core import ErrorCode, NodeRegistration, RequestError, RMCore, RMSettings
+from gpurm.rm.jobspec import JobSpec
+from gpurm.rm.persist import Persister, rebuild_core
+from gpurm.rm.store import SqliteStore, StoreWriteError
+
+
+def registered_core() -> RMCore:
+    core = RMCore(RMSettings(), default_tree())
+    core.register_node(NodeRegistration(node_id="n1", host="h", port=1, rack="r", ib_domain="r",
+                                        gpus=[GpuRecord(index=0), GpuRecord(index=1)], containers=[]), "s1", 0.0)
+    return core
+
+
+def commit_all(persist: Persister, core: RMCore) -> None:
+    dirty = core.take_dirty()
+    persist.commit([core.jobs[j] for j in dirty.jobs], [core.containers[c] for c in dirty.containers],
+                   [core.cluster.nodes[n] for n in dirty.nodes], core.meta() if dirty.meta else {})
+
+
+def test_a_refused_write_fails_the_request_rolls_back_and_refuses_writes_until_the_store_works(
+        tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "state.db")
+    holder: dict[str, RMCore] = {"core": registered_core()}
+
+    def roll_back() -> None:
+        holder["core"] = rebuild_core(store, RMSettings(), default_tree(), holder["core"], 5.0)
+
+    persist = Persister(store, tmp_path, roll_back)
+    core = holder["core"]
+    core.submit(JobSpec(gpus=1, command=["x"]), "alice", 1.0)
+    commit_all(persist, core)
+    version_before = core.cluster.version
+
+    store._db.execute("PRAGMA query_only=1")       # the disk refuses from now on
+    core.submit(JobSpec(gpus=1, command=["x"]), "alice", 2.0, submit_id="s-2")
+    with pytest.raises(RequestError) as refused:
+        commit_all(persist, core)
+    assert refused.value.code is ErrorCode.UNAVAILABLE
+    assert refused.value.message.startswith("the RM's store cannot be written: ")
+    assert f"free space in {tmp_path}" in refused.value.message
+    assert persist.error == refused.value.message and not persist.writable
+
+    rebuilt = holder["core"]
+    assert rebuilt is not core and sorted(rebuilt.jobs) == ["job-1"], "the refused submit left no trace"
+    assert "s-2" not in rebuilt.submit_ids
+    assert rebuilt.cluster.version > version_before, "watchers must take the rebuilt view"
+    with pytest.raises(RequestError) as again:
+        persist.check_writable()
+    assert again.value.code is ErrorCode.UNAVAILABLE
+    assert not persist.try_resume()
+
+    store._db.execute("PRAGMA query_only=0")       # space freed
+    assert persist.try_resume() and persist.writable and persist.error == ""
+    persist.check_writable()
+    rebuilt.submit(JobSpec(gpus=1, command=["x"]), "alice", 3.0)
+    commit_all(persist, rebuilt)
+    assert sorted(j.job_id for j in store.load().jobs) == ["job-1", "job-2"]
+
+
+def test_a_failed_save_raises_the_write_error_not_the_rollbacks(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "state.db")
+    store._db.execute("PRAGMA query_only=1")
+    with pytest.raises(StoreWriteError, match="readonly"):
+        store.save([], [], [], {"k": "v"})
+    store._db.execute("PRAGMA query_only=0")
+    assert "k" not in store.load().meta
