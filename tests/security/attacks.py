@@ -12,6 +12,7 @@ issued (an AM token for her own job), the harness makes it with the RM's key, as
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -28,11 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiomqtt
 import grpc
 
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.rm import pki, tls
+from gpurm.rm import mqtt, pki, tls
+from gpurm.rm.brokerauth import Credentials
 from gpurm.rm.identity import AM_TOKEN_KEY, USER_KEY
 from gpurm.rm.tls import TLSConfig, load_tls
 from gpurm.rm.tokens import ClusterKeys, TokenKey, am_token, join_proof, parse_node_secret, sign_container
@@ -458,10 +461,114 @@ def control_characters(c: Cluster) -> Result:
                   f"job {pb.JobState.Name(job.state)}; {len(bad)} bad log lines", not bad)
 
 
+def _cluster_info(c: Cluster) -> pb.ClusterInfo:
+    with c.as_user("mallory") as (client, _, md):
+        info: pb.ClusterInfo = client.GetClusterInfo(pb.ClusterInfoRequest(), metadata=md, timeout=10)
+        return info
+
+
+async def _try_broker(url: str, reader: Credentials) -> tuple[str, int]:
+    """Connect anonymously; then, with the reader login anyone may get, publish a forged delta and listen
+    for it. Returns (what the anonymous connect got, forged deltas seen)."""
+    anonymous = "connected"
+    try:
+        async with mqtt.client(url, None):
+            pass
+    except aiomqtt.MqttError as exc:
+        anonymous = f"refused ({str(exc)[:40]})"
+    forged = pb.ClusterView(version=2**62, base_version=0, delta=True, nodes=[
+        pb.NodeView(node_id="node-1", state=pb.NODE_RUNNING, free_gpus=list(range(64)))]).SerializeToString()
+    seen = 0
+    with contextlib.suppress(aiomqtt.MqttError):
+        async with mqtt.client(url, reader) as listener, mqtt.client(url, reader) as forger:
+            await listener.subscribe(mqtt.TOPIC_VIEW_DELTA)
+            with contextlib.suppress(aiomqtt.MqttError):
+                await forger.publish(mqtt.TOPIC_VIEW_DELTA, forged)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2):
+                    async for message in listener.messages:
+                        view = pb.ClusterView()
+                        view.ParseFromString(bytes(message.payload))
+                        seen += view.version == 2**62
+    return anonymous, seen
+
+
+def forged_view_delta(c: Cluster) -> Result:
+    """High 4: an anonymous broker; one forged delta (version 2^62) and every waiting AM ignores real views."""
+    info = _cluster_info(c)
+    reader = Credentials(info.mqtt_username, info.mqtt_password)
+    anonymous, seen = asyncio.run(_try_broker(info.mqtt_url, reader))
+    job_id = c.submit("alice", ["true"], name="after-forgery")
+    job = c.wait(job_id, lambda j: j.state in TERMINAL)
+    ok = anonymous.startswith("refused") and not seen and job.state == pb.JOB_SUCCEEDED
+    return Result("forged_view_delta", "4", "anonymous clients refused; a reader's forged delta reaches no one; "
+                  "jobs still run", f"anonymous {anonymous}; forged deltas delivered: {seen}; next job "
+                  f"{pb.JobState.Name(job.state)}", ok)
+
+
+def second_rm(c: Cluster) -> Result:
+    """Medium: two RMs can run on one state directory."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = c.state / "rm" / "rm.yaml"
+    try:
+        done = subprocess.run([sys.executable, "-m", "gpurm.cli.main", "rm", "--config", str(config), "--listen",
+                               f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=30, cwd=ROOT,
+                              check=False)
+        observed = f"exit {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1][-110:]}"
+        ok = done.returncode == 2
+    except subprocess.TimeoutExpired:
+        observed, ok = "a second RM ran for 30 s on the same state dir", False
+    return Result("second_rm", "medium", "the second RM exits 2 naming the lock holder", observed, ok)
+
+
+def huge_queue_refresh(c: Cluster) -> Result:
+    """Medium: a 100k-queue refresh stalled the RM for 27 s."""
+    text = "queues:\n" + "".join(f"  q{i}: {{weight: 1}}\n" for i in range(100_000))
+    admin_user = "root"
+    creds = None
+    if c.tls:
+        d = c.state / "pki"
+        creds = load_tls({"ca": str(d / "ca" / "ca.pem"), "cert": str(d / "user.pem"), "key": str(d / "user-key.pem")})
+    worst = 0.0
+    done = threading.Event()
+
+    def other_client() -> None:
+        nonlocal worst
+        with c.as_user("alice") as (client, _, md):
+            while not done.is_set():
+                t0 = time.monotonic()
+                client.ListNodes(pb.ListNodesRequest(), metadata=md, timeout=60)
+                worst = max(worst, time.monotonic() - t0)
+                time.sleep(0.02)
+
+    watcher = threading.Thread(target=other_client)
+    watcher.start()
+    t0 = time.monotonic()
+    reply = pb.RefreshQueuesResponse()
+
+    def refresh() -> None:
+        nonlocal reply
+        reply = pbg.AdminStub(ch).RefreshQueues(pb.RefreshQueuesRequest(yaml=text),
+                                                metadata=((USER_KEY, admin_user),), timeout=60)
+
+    with c.channel(creds) as ch:
+        code, details = _code(refresh)
+    took = time.monotonic() - t0
+    done.set()
+    watcher.join()
+    why = details or "; ".join(reply.errors)
+    ok = code in ("OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED") and not reply.applied and took < 5 and worst < 2
+    return Result("huge_queue_refresh", "medium", "refused within seconds; other clients answered meanwhile",
+                  f"{code}{' applied!' if reply.applied else ', not applied'} after {took:.2f}s ({why[:60]}); "
+                  f"other client's worst wait {worst * 1000:.0f} ms", ok)
+
+
 ATTACKS: dict[str, Callable[[Cluster], Result]] = {f.__name__: f for f in (
     admin_by_claim, job_as_claimed_root, register_stranger, hijack_live_node, replay_registration, stolen_node_key,
-    am_token_from_node_key, stolen_am_token, agent_calls_without_token, others_env_and_logs, huge_messages,
-    silent_connection, control_characters)}
+    am_token_from_node_key, stolen_am_token, agent_calls_without_token, others_env_and_logs, forged_view_delta,
+    huge_messages, silent_connection, control_characters, second_rm, huge_queue_refresh)}
 
 
 def run_attack(name: str, cluster: Cluster) -> Result:
