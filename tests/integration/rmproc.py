@@ -284,11 +284,12 @@ class AgentProcess:
         return pbg.ContainerManagerStub(self.channel)
 
     def start_container(self, container_id: str, job_id: str, script: str, key: TokenKey,
-                        gpu_indices: Iterable[int] = ()) -> pb.ContainerStatus:
-        """StartContainer on this agent, as an AM would, with a token signed by `key`."""
+                        gpu_indices: Iterable[int] = (), *, user: str = USER,
+                        kind: pb.ContainerKind = pb.CONTAINER_LEARNER) -> pb.ContainerStatus:
+        """StartContainer on this agent, as an AM would, with a token signed by `key` naming `user`."""
         payload = pb.ContainerTokenPayload(
             container_id=container_id, job_id=job_id, node_id=self.node_id, gpu_indices=list(gpu_indices),
-            kind=pb.CONTAINER_LEARNER, user=USER, expiry_ms=int(time.time() * 1000) + 60_000, attempt=1)
+            kind=kind, user=user, expiry_ms=int(time.time() * 1000) + 60_000, attempt=1)
         reply = self.manager.StartContainer(pb.StartContainerRequest(
             token=sign_container(payload, key), launch=pb.LaunchContext(argv=["/bin/sh", "-c", script])),
             timeout=10)
