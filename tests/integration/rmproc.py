@@ -240,8 +240,10 @@ class AgentProcess:
 
     def __init__(self, workdir: Path, rm: RMProcess, node_id: str, *, gpus: dict[str, Any] | None = None,
                  containers: dict[str, Any] | None = None, rack: str = "rack-1", ib_domain: str = "ib-1",
-                 **settings: Any) -> None:
-        """`settings`: more agent.yaml keys (e.g. tls); the test's own calls to it use `rm.client_tls`."""
+                 run_as_user: str | None = None, **settings: Any) -> None:
+        """`settings`: more agent.yaml keys (e.g. tls); the test's own calls to it use `rm.client_tls`.
+        `run_as_user`: start the agent as this account (the tests run as root) instead of the tests' user."""
+        self.run_as_user = run_as_user
         self.workdir = workdir
         self.rm = rm
         self.node_id = node_id
@@ -261,7 +263,9 @@ class AgentProcess:
         """Start the agent; return the node as the RM lists it once it has registered."""
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "gpurm.nodeagent", "--config", str(self.config)],
-                                         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+                                         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, user=self.run_as_user,
+                                         group=self.run_as_user and _group_of(self.run_as_user),
+                                         extra_groups=[] if self.run_as_user else None)
         proc = self.proc
 
         def serving() -> dict[str, Any] | None:
@@ -329,3 +333,9 @@ class AgentProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def _group_of(user: str) -> int:
+    import pwd
+
+    return pwd.getpwnam(user).pw_gid

@@ -20,6 +20,8 @@ import pytest
 
 from gpurm.nodeagent.identity import DEFAULT_BANNED_USERS, DEFAULT_MIN_UID
 from gpurm.proto import gpurm_pb2 as pb
+from gpurm.proto import gpurm_pb2_grpc as pbg
+from gpurm.rm import tls
 from gpurm.rm.service import USER_KEY
 from gpurm.rm.tls import load_tls
 from tests.integration.rmproc import AgentProcess, RMProcess, poll
@@ -56,6 +58,7 @@ def uid_script(box: Path, name: str) -> str:
 class Secure:
     rm: RMProcess
     agent: AgentProcess
+    ca: CA
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +76,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory, mqtt_url: str) -> Iterator[
                          am_tls={"cert": am["cert"], "key": am["key"]})
     try:
         agent.start()
-        yield Secure(rm, agent)
+        yield Secure(rm, agent, ca)
     finally:
         agent.close()
         rm.close()
@@ -101,6 +104,21 @@ def test_a_token_naming_root_or_a_system_user_gets_a_failed_container(secure: Se
     time.sleep(0.5)   # a process that had been started would have written its uid by now
     assert not (box / "uid").exists(), f"a process ran as {user}: uid {(box / 'uid').read_text().strip()}"
     assert f"user {user!r}" in secure.agent.log_text()
+
+
+def test_a_job_submitted_with_roots_certificate_fails_with_the_diagnostic(secure: Secure, tmp_path: Path) -> None:
+    """The whole path: a user whose certificate says root submits; the RM asks the agent for an AM as root, the
+    agent refuses every attempt, and the job fails saying why (no AM, no learner ever ran)."""
+    box = drop_box(tmp_path / "box")
+    with tls.channel(secure.rm.address, load_tls(secure.ca.issue("root"))) as channel:
+        spec = pb.JobSpec(name="as-root", gpus=1, command=["/bin/sh", "-c", uid_script(box, "uid")])
+        reply = pbg.ClientStub(channel).SubmitJob(pb.SubmitJobRequest(spec=spec, submit_id=uuid.uuid4().hex),
+                                                  timeout=10)
+    job = secure.rm.wait_job(reply.job_id, timeout=60)
+    assert (job.user, job.state) == ("root", pb.JOB_FAILED)
+    assert "user 'root' (uid 0) is root" in job.diagnostics, job.diagnostics
+    assert not (box / "uid").exists()
+    assert not list((secure.agent.state / "containers").glob(f"{reply.job_id}-*/work/*"))
 
 
 def test_an_am_container_is_checked_as_well(secure: Secure, tmp_path: Path) -> None:
@@ -173,6 +191,32 @@ def test_an_agent_configured_to_run_jobs_as_root_starts_nothing(tmp_path: Path, 
         status = agent.start_container("c-root", "job-r", uid_script(box, "uid"), rm.key())
         assert status.state == pb.CONTAINER_FAILED_TO_START and not status.infra_failure
         assert "containers.local_user: user 'root' (uid 0) is root" in status.diagnostics
+        assert not (box / "uid").exists()
+    finally:
+        agent.close()
+        rm.close()
+
+
+def test_an_agent_running_as_a_system_account_starts_nothing(tmp_path: Path, mqtt_url: str) -> None:
+    """An agent that is not root can only run jobs as itself: as a system account (daemon), it says so once at
+    start-up and refuses every container with the diagnostic."""
+    daemon = pwd.getpwnam("daemon")
+    rm = RMProcess(tmp_path / "rm", mqtt_url, heartbeat="500ms")
+    agent = AgentProcess(tmp_path / "agent", rm, "as-daemon-1", run_as_user="daemon",
+                         containers={"cgroup_root": "off"})
+    agent.state.mkdir(parents=True)
+    os.chown(agent.state, daemon.pw_uid, daemon.pw_gid)
+    os.chown(agent.log_path.parent, daemon.pw_uid, daemon.pw_gid)
+    try:
+        agent.start()
+        assert "the agent runs as daemon, not root" in agent.log_text()
+        assert "no container will start" in agent.log_text()
+        box = drop_box(tmp_path / "box")
+        status = agent.start_container("c-daemon", "job-d", uid_script(box, "uid"), rm.key())
+        assert status.state == pb.CONTAINER_FAILED_TO_START and not status.infra_failure
+        assert "the agent runs as daemon, not root" in status.diagnostics
+        assert "user 'daemon' (uid 1)" in status.diagnostics
+        time.sleep(0.5)
         assert not (box / "uid").exists()
     finally:
         agent.close()
