@@ -135,8 +135,9 @@ def test_an_allowed_user_does_run_as_itself(secure: Secure, tmp_path: Path) -> N
     cid = f"nr-ok-{uuid.uuid4().hex[:8]}"
     status = secure.agent.start_container(cid, "job-nr-ok", uid_script(box, "uid"), secure.rm.key(), user="nobody")
     assert status.state in (pb.CONTAINER_RUNNING, pb.CONTAINER_EXITED), status
-    poll(lambda: (box / "uid").exists() or None, WAIT, "the learner never wrote its uid")
-    assert (box / "uid").read_text().strip() == str(pwd.getpwnam("nobody").pw_uid)
+    written = poll(lambda: ((box / "uid").exists() and (box / "uid").read_text().strip()) or None, WAIT,
+                   "the learner never wrote its uid")
+    assert written == str(pwd.getpwnam("nobody").pw_uid)
 
 
 # ---------------------------------------------------------------- insecure mode: the claim is ignored
