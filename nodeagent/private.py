@@ -54,10 +54,21 @@ def write_private(path: Path, data: bytes, uid: int | None = None, gid: int | No
 
 
 def open_append(path: Path) -> int:
-    """An fd appending to `path` (created 0600), never through a symlink."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+    """An fd appending to `path` (created 0600), never through a symlink, and only to a plain file (a FIFO planted
+    there would block the agent: O_NONBLOCK makes that open fail instead)."""
+    return _plain(path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+                                | os.O_NONBLOCK, PRIVATE_FILE_MODE))
 
 
 def open_read(path: Path) -> int:
-    """An fd reading `path`, never through a symlink (ELOOP when it is one)."""
-    return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    """An fd reading `path`, never through a symlink (ELOOP when it is one), and only a plain file."""
+    return _plain(path, os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK))
+
+
+def _plain(path: Path, fd: int) -> int:
+    """`fd` back in blocking mode when it is a plain file; otherwise closed, and UnsafePathError."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafePathError(f"{path} is not a plain file")
+    os.set_blocking(fd, True)
+    return fd

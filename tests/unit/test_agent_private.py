@@ -60,6 +60,11 @@ def test_reads_and_appends_refuse_a_symlink(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         append_private(tmp_path / "link", b"x")
     assert secret.read_text() == "root only"
+    os.mkfifo(tmp_path / "fifo")   # would block a plain open until someone reads or writes its other end
+    with pytest.raises(OSError):
+        append_private(tmp_path / "fifo", b"x")
+    with pytest.raises(UnsafePathError, match="not a plain file"):
+        open_read(tmp_path / "fifo")
 
 
 def test_a_record_is_0600_written_past_a_planted_temp_link_and_a_forged_one_is_ignored(tmp_path: Path) -> None:
