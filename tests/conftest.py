@@ -30,6 +30,7 @@ def philly_data(name: str) -> Path:
 # level down to every test's dir is 0711: traversable, never listable. What a test makes inside stays its own.
 TRAVERSE = 0o711
 KEEP_RUNS_S = 24 * 3600
+_RUN_DIR = pytest.StashKey[Path]()
 
 
 def _suite_base() -> Path:
@@ -53,6 +54,14 @@ def pytest_configure(config: pytest.Config) -> None:
         run = Path(tempfile.mkdtemp(prefix="run-", dir=_suite_base()))
         os.chmod(run, TRAVERSE)
         config.option.basetemp = str(run)
+        config.stash[_RUN_DIR] = run
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A session that passed leaves nothing behind; a failed one keeps its dirs (a day) for a look."""
+    run = session.config.stash.get(_RUN_DIR, None)
+    if run is not None and exitstatus == 0:
+        shutil.rmtree(run, ignore_errors=True)
 
 
 @pytest.fixture
