@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gpurm.nodeagent.identity import DEFAULT_BANNED_USERS, DEFAULT_MIN_UID
+from gpurm.nodeagent.identity import DEFAULT_BANNED_USERS, DEFAULT_MIN_UID, RunAs
+from gpurm.nodeagent.launch import launch_spec, read_handshake, spawn_shim
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.rm import tls
@@ -222,3 +223,21 @@ def test_an_agent_running_as_a_system_account_starts_nothing(tmp_path: Path, mqt
     finally:
         agent.close()
         rm.close()
+
+
+@pytest.mark.parametrize("uid", [0, None], ids=["uid-0", "no-switch-as-root"])
+def test_the_launcher_refuses_root_on_its_own(tmp_path: Path, uid: int | None) -> None:
+    """The second check: handed a spec that would run the command as root (the agent's check bypassed), the
+    container's launcher answers with the refusal and never starts the command."""
+    box = drop_box(tmp_path / "box")
+    cdir = tmp_path / "c-shim"
+    cdir.mkdir()
+    who = RunAs(user="root", uid=uid, gid=0 if uid is not None else None, groups=() if uid is not None else None)
+    spec = launch_spec(argv=["/bin/sh", "-c", uid_script(box, "uid")], env={"PATH": os.defpath}, cwd=cdir,
+                       run_as=who, cgroup=None, log_max_size=0, log_keep=1)
+    proc, fd = spawn_shim(cdir, os.environ, spec)
+    answer = read_handshake(fd, 30.0)
+    assert proc.wait(30) == 126
+    assert answer.pid == 0 and "refused: the launcher never runs a command as root" in answer.error, answer
+    assert not (box / "uid").exists()
+    assert not (cdir / "output.log").exists()
