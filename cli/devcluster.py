@@ -320,7 +320,7 @@ def cmd_dev_cluster(args: argparse.Namespace) -> int:
             f"dev cluster up: {args.nodes} nodes x {args.gpus_per_node} GPUs ({total}) in {args.racks} racks\n"
             f"  RM:    {cluster.address}   (export GPURM_RM={cluster.address})\n"
             f"  state: {state_dir}  (logs: rm/rm.log, agents/*/agent.log)\n"
-            f"  jobs run as: {job_user()} (insecure mode: never as the user a client claims; see docs/install-agent.md)\n"
+            f"  jobs run as: {job_user()} (insecure mode: never as the claimed user; docs/install-agent.md)\n"
             f"  try:   gpurm submit --gpus 8 -- nvidia-smi-or-your-command; gpurm jobs; gpurm nodes\n"
             f"Ctrl-C stops the cluster.\n")
         sys.stderr.flush()
