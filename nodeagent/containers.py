@@ -382,8 +382,9 @@ class ContainerSupervisor:
         rec.shim_start = start_time(proc.pid)
         rec.state = pb.CONTAINER_RUNNING
         self._procs[rec.container_id] = proc
-        log.info("container %s (job %s) started as %s: pid %d, GPUs %s%s", rec.container_id, rec.job_id,
-                 who.user, rec.pid, rec.gpu_indices or "none", f", cgroup {rec.cgroup}" if rec.cgroup else "")
+        log.info("container %s (job %s) started as %s%s: pid %d, GPUs %s%s", rec.container_id, rec.job_id,
+                 who.user, f" (the job's user: {rec.user or 'none'})" if rec.user != who.user else "", rec.pid,
+                 rec.gpu_indices or "none", f", cgroup {rec.cgroup}" if rec.cgroup else "")
         self._changed(rec)
         self._spawn_task(self._watch(rec, proc))
 
