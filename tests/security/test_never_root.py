@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpurm.nodeagent.identity import DEFAULT_BANNED_USERS, DEFAULT_MIN_UID, RunAs
 from gpurm.nodeagent.launch import launch_spec, read_handshake, spawn_shim
@@ -128,6 +130,27 @@ def test_an_am_container_is_checked_as_well(secure: Secure, tmp_path: Path) -> N
                                           kind=pb.CONTAINER_AM)
     assert status.state == pb.CONTAINER_FAILED_TO_START and not status.infra_failure
     assert "user 'root'" in status.diagnostics and "is root" in status.diagnostics
+
+
+def test_an_am_gets_its_own_certificate_as_files_of_its_user(secure: Secure) -> None:
+    """With mTLS the AM runs as the job's user and must not read the node's key: the agent copies am_tls into
+    the AM's container dir, 0600 and owned by that user, and points GPURM_TLS_* at the copies."""
+    cid = f"nr-amtls-{uuid.uuid4().hex[:8]}"
+    status = secure.agent.start_container(cid, "job-amtls", "", secure.rm.key(), user="nobody",
+                                          kind=pb.CONTAINER_AM)
+    assert status.state != pb.CONTAINER_FAILED_TO_START, status.diagnostics
+    tdir = secure.agent.state / "containers" / cid / "tls"
+    nobody = pwd.getpwnam("nobody").pw_uid
+    st = os.lstat(tdir)
+    assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o700, nobody)
+    config = yaml.safe_load(secure.agent.config.read_text())
+    node_key, am_key = Path(config["tls"]["key"]), Path(config["am_tls"]["key"])
+    for name in ("ca.pem", "cert.pem", "key.pem"):
+        st = os.lstat(tdir / name)
+        assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o600, nobody), name
+    assert (tdir / "key.pem").read_bytes() == am_key.read_bytes() != node_key.read_bytes()  # not the node's
+    record = (secure.agent.state / "containers" / cid / "record.json").read_text()
+    assert '"run_as": "nobody"' in record
 
 
 def test_an_allowed_user_does_run_as_itself(secure: Secure, tmp_path: Path) -> None:
