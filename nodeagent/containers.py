@@ -48,7 +48,7 @@ from gpurm.nodeagent.launch import (
     wait_pid_exit,
 )
 from gpurm.nodeagent.logfiles import append_private, read_range
-from gpurm.nodeagent.private import PRIVATE_DIR_MODE, TRAVERSE_DIR_MODE, give_to, make_dir, write_private
+from gpurm.nodeagent.private import PRIVATE_DIR_MODE, give_to, make_dir, state_dir_mode, write_private
 from gpurm.nodeagent.procgroup import MARKER_ENV, container_processes, same_process, start_time, wait_gone
 from gpurm.nodeagent.records import (
     LOG_FILE,
@@ -221,7 +221,7 @@ class ContainerSupervisor:
             log.info("%s", note)
         else:
             log.error("%s", note)
-        make_dir(self.containers_dir, TRAVERSE_DIR_MODE)  # each job's user reaches its own dir, lists none
+        make_dir(self.containers_dir, state_dir_mode())  # each job's user reaches its own dir, lists none
         adopted = self.adopt()
         if adopted:
             log.info("adopted %d containers of the previous agent process (%d still running)", len(adopted),
@@ -292,7 +292,7 @@ class ContainerSupervisor:
             for g in gpu_indices:
                 if g in in_use:
                     raise GpuBusyError(g, in_use[g])
-            make_dir(self.containers_dir, TRAVERSE_DIR_MODE)
+            make_dir(self.containers_dir, state_dir_mode())
             make_dir(cdir, PRIVATE_DIR_MODE)
             full_argv = container_argv(kind, argv)
             rec = ContainerRecord(

@@ -22,7 +22,7 @@ from gpurm.nodeagent.gpus import GpuDevice, GpuDiscoveryError, GpuProvider, make
 from gpurm.nodeagent.logstream import LogStreamer
 from gpurm.nodeagent.monitor import AgentMonitor
 from gpurm.nodeagent.ports import PortReserver
-from gpurm.nodeagent.private import TRAVERSE_DIR_MODE, make_dir
+from gpurm.nodeagent.private import make_dir, state_dir_mode
 from gpurm.nodeagent.records import write_json_atomic
 from gpurm.nodeagent.service import ContainerManagerServicer
 from gpurm.nodeagent.tracker import Registration, Tracker
@@ -70,9 +70,9 @@ async def run_agent(cfg: AgentConfig, *, stop: asyncio.Event | None = None) -> i
 async def _run_with_gpus(cfg: AgentConfig, provider: GpuProvider, gpus: list[GpuDevice],
                          stop: asyncio.Event | None) -> int:
     try:
-        # Traversable, not listable: each job's user reaches its own container dir (0700) below it; the
-        # agent's files in it are 0600.
-        make_dir(cfg.state_dir, TRAVERSE_DIR_MODE)
+        # As root traversable, not listable (0711): each job's user reaches its own container dir (0700) below
+        # it; else 0700. The agent's files in it are 0600.
+        make_dir(cfg.state_dir, state_dir_mode())
     except OSError as exc:
         log.error("agent %s: cannot create state_dir %s: %s", cfg.node_id, cfg.state_dir, exc.strerror or exc)
         return EXIT_CONFIG

@@ -16,6 +16,12 @@ TRAVERSE_DIR_MODE = 0o711    # the state dir and containers/: each user reaches 
 PRIVATE_FILE_MODE = 0o600
 
 
+def state_dir_mode(euid: int | None = None) -> int:
+    """The agent's state dir and containers/: 0711 for a root agent (each job's user must reach its own container
+    dir below), else 0700 (its jobs run as the agent itself)."""
+    return TRAVERSE_DIR_MODE if (os.geteuid() if euid is None else euid) == 0 else PRIVATE_DIR_MODE
+
+
 class UnsafePathError(OSError):
     """A path the agent was to create or write is a symlink or not a folder."""
 

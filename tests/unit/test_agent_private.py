@@ -16,6 +16,7 @@ from gpurm.nodeagent.private import (
     UnsafePathError,
     make_dir,
     open_read,
+    state_dir_mode,
     write_private,
 )
 from gpurm.nodeagent.records import read_record, write_json_atomic
@@ -36,6 +37,10 @@ def test_make_dir_sets_the_mode_and_refuses_a_symlink(tmp_path: Path) -> None:
     with pytest.raises(UnsafePathError, match="not a folder"):
         make_dir(tmp_path / "link", PRIVATE_DIR_MODE)
     assert mode(tmp_path / "a") == 0o755                        # the link's target is left alone
+
+
+def test_the_state_dir_is_traversable_only_for_a_root_agent() -> None:
+    assert (state_dir_mode(0), state_dir_mode(1000)) == (0o711, 0o700)
 
 
 def test_write_private_makes_a_new_0600_file_and_never_follows_a_link(tmp_path: Path) -> None:
