@@ -83,9 +83,9 @@ class DevPki:
         hosts = ["127.0.0.1", "localhost"]
         self.rm = pki.issue(ca, "rm", directory / "rm", hosts, days=30)
         self.nodes = {n: pki.issue(ca, f"{NODE_PREFIX}{n}", directory / n, hosts, days=30) for n in nodes}
-        # The AMs an agent starts dial the RM with this one (they prove their job with an AM token); they run
-        # as the job's user, who must be able to read it.
-        self.am = pki.issue(ca, f"{AM_PREFIX}dev-cluster", directory / "am", days=30, key_mode=0o644)
+        # The AMs an agent starts dial the RM with this one (they prove their job with an AM token); the agent
+        # copies it into each AM's container dir for the job's user.
+        self.am = pki.issue(ca, f"{AM_PREFIX}dev-cluster", directory / "am", days=30)
         self.user = pki.issue(ca, user, directory / "user", days=30)
 
     def client_tls(self) -> TLSConfig:
@@ -148,12 +148,17 @@ class DevCluster:
                 "state_dir": str(adir), "node_secret_file": str(secret),
                 "gpus": {"fake": a.gpus_per_node, "model": "H100-80GB", "memory_mib": 81559,
                          "nvlink_islands": a.nvlink_islands},
-                # One machine, one person: every job runs as whoever started the dev cluster (a real node
-                # runs a job as its submitter, which needs that account on the node).
-                "containers": {"stop_grace": "5s", "run_as": "agent"},
+                # Insecure mode: every job runs as one local user, never as the user a client claims: nobody
+                # when the dev cluster runs as root (containers.local_user's default), else whoever started it.
+                "containers": {"stop_grace": "5s"},
             }
             if self.pki is not None:
                 cfg["tls"] = self.pki.nodes[node].tls_section()
+                cfg["am_tls"] = {"cert": str(self.pki.am.cert), "key": str(self.pki.am.key)}
+                if os.geteuid() == 0:
+                    # mTLS honours the certificate's user, but this one machine has one person: their jobs run as
+                    # nobody, as in insecure mode (a root certificate would be refused, rightly).
+                    cfg["containers"]["local_user"] = "nobody"
             path = adir / "agent.yaml"
             path.write_text(yaml.safe_dump(cfg, sort_keys=False))
             agent_paths.append(path)
@@ -161,6 +166,7 @@ class DevCluster:
 
     def start(self) -> None:
         rm_path, agent_paths = self.write_configs()
+        sys.stderr.write(self.prepare_dirs())
         self.rm = Daemon("rm", self._python("rm", "--config", str(rm_path)), self.state_dir / "rm" / "rm.log")
         self.rm.start()
         self._write_state(ready=False)
@@ -220,6 +226,21 @@ class DevCluster:
                            f"under {self.state_dir}", code=1)
         finally:
             channel.close()
+
+    def prepare_dirs(self) -> str:
+        """The state dir and agents/ traversable (0711) so that a job's user reaches its own container dir;
+        returns a warning line when a folder above the state dir stops it ('' when none does)."""
+        for d in (self.state_dir, self.state_dir / "agents"):
+            d.mkdir(parents=True, exist_ok=True)
+            if os.geteuid() == 0:
+                os.chmod(d, 0o711)
+        if os.geteuid() != 0:
+            return ""
+        for parent in self.state_dir.parents:
+            if not os.stat(parent).st_mode & 0o001:
+                return (f"warning: {parent} is not traversable by other users (o+x): jobs, which run as "
+                        f"{job_user()}, cannot reach their container dirs below it; use another --state-dir\n")
+        return ""
 
     def _write_state(self, ready: bool) -> None:
         if ready:
@@ -305,6 +326,11 @@ def _group_runs_container(pgid: int, container_id: str) -> bool:
     return False
 
 
+def job_user() -> str:
+    """Whom the dev cluster's agents (insecure mode) run every job as: nobody when they run as root."""
+    return "nobody" if os.geteuid() == 0 else current_user()
+
+
 def _tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -345,6 +371,7 @@ def cmd_dev_cluster(args: argparse.Namespace) -> int:
             f"  RM:    {cluster.address}{' with mTLS' if cluster.pki else ''}   "
             f"(. {state_dir / 'env.sh'}  sets GPURM_RM{' and GPURM_TLS_*' if cluster.pki else ''})\n"
             f"  state: {state_dir}  (logs: rm/rm.log, agents/*/agent.log)\n"
+            f"  jobs run as: {job_user()} (insecure mode: never as the claimed user; docs/install-agent.md)\n"
             f"  try:   gpurm submit --gpus 8 -- nvidia-smi-or-your-command; gpurm jobs; gpurm nodes\n"
             f"Ctrl-C stops the cluster.\n")
         sys.stderr.flush()

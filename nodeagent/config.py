@@ -16,10 +16,17 @@ from typing import Any
 
 import yaml
 
-from gpurm.nodeagent.identity import RunAsMode
+from gpurm.nodeagent.identity import (
+    DEFAULT_BANNED_USERS,
+    DEFAULT_MIN_UID,
+    RunAsMode,
+    RunAsPolicy,
+    UserRules,
+    agent_user,
+)
 from gpurm.queues.fields import ConfigError, Problems, Reader, parse_address
 from gpurm.rm.limits import ServerLimits, read_limits
-from gpurm.rm.tls import TLSConfig, read_tls_section
+from gpurm.rm.tls import TLSConfig, load_tls, read_tls_section
 from gpurm.rm.tokens import TokenKey, parse_node_secret
 
 __all__ = [
@@ -41,6 +48,7 @@ DEFAULT_GPU_MODEL = "H100-80GB"
 DEFAULT_GPU_MEMORY_MIB = 81559
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?$")
 NO_PROVIDER = "no GPU provider configured: set gpus.fake: N (N fake GPUs) or gpus.nvml: true"
 
 
@@ -76,8 +84,12 @@ class ContainerConfig:
     log_poll_s: float
     log_max_size: int = DEFAULT_LOG_MAX_SIZE  # bytes; output.log is rotated past this (0 = never)
     log_keep: int = 3                          # rotated files kept: output.log.1 ... output.log.<keep>
-    run_as: RunAsMode = RunAsMode.USER         # user: the job's user when the agent is root; agent: never switch
+    run_as: RunAsMode = RunAsMode.USER         # user: see identity.py (the job's user with mTLS, else local_user)
     cgroup_root: str = "auto"                  # auto (where cgroup v2 is mounted) | off | a cgroup v2 directory
+    # Who containers may run as (identity.py): never uid 0, a uid below min_uid or a banned user.
+    min_uid: int = DEFAULT_MIN_UID
+    banned_users: tuple[str, ...] = DEFAULT_BANNED_USERS
+    local_user: str = ""                       # insecure mode's user when the agent is root ('' = nobody)
 
 
 @dataclass(frozen=True)
@@ -98,6 +110,12 @@ class AgentConfig:
     tls: TLSConfig | None = None  # mTLS for the RM stream, the ContainerManager server and this node's AMs
     node_secret: TokenKey | None = None  # this node's key (`gpurm admin node-secret`): proves it without mTLS
     limits: ServerLimits = field(default_factory=ServerLimits)
+    am_tls: TLSConfig | None = None  # the client certificate handed to AM containers (CA: tls.ca); see _am_tls
+
+    def run_as_policy(self) -> RunAsPolicy:
+        c = self.containers
+        return RunAsPolicy(mode=c.run_as, secure=self.tls is not None, local_user=c.local_user,
+                           rules=UserRules(min_uid=c.min_uid, banned_users=frozenset(c.banned_users)))
 
     @property
     def listen_port(self) -> int:
@@ -137,13 +155,15 @@ def _read_file(path: Path, problems: Problems) -> object:
 
 
 def load_agent_config(path: Path | None, overrides: Mapping[str, object] | None = None, *,
-                      environ: Mapping[str, str] | None = None) -> AgentConfig:
+                      environ: Mapping[str, str] | None = None, euid: int | None = None) -> AgentConfig:
     """Read agent.yaml (None = all defaults), apply `overrides` to top-level keys, validate everything.
 
-    Overrides whose value is None are ignored, so a CLI can pass every flag it has. Raises ConfigError
+    Overrides whose value is None are ignored, so a CLI can pass every flag it has. `euid`: the user the agent
+    will run as (default: this process's), for the checks of containers.local_user and am_tls. Raises ConfigError
     listing every problem.
     """
     env = os.environ if environ is None else environ
+    euid = os.geteuid() if euid is None else euid
     problems = Problems()
     data: object = _read_file(path, problems) if path is not None else {}
     if data is None:
@@ -172,18 +192,19 @@ def load_agent_config(path: Path | None, overrides: Mapping[str, object] | None 
         r.error("memory_mib", "cannot be read from /proc/meminfo here: set it")
 
     gpus = _gpus(r.section("gpus"), present=r.has("gpus"))
-    containers = _containers(r.section("containers"))
+    containers = _containers(r.section("containers"), euid)
     health = _health(r.section("health"))
     telemetry = _telemetry(r.section("telemetry"))
     tls = read_tls_section(r, "tls", path.parent if path is not None else None)
     node_secret = _node_secret(r, node_id, path.parent if path is not None else None)
     limits = read_limits(r)
+    am_tls = _am_tls(r, tls, containers, euid, path.parent if path is not None else None)
     r.reject_unknown()
     problems.raise_if_any()
     return AgentConfig(node_id=node_id, host=host, listen=listen, rm=rm, rack=rack, ib_domain=ib_domain,
                        state_dir=state_dir, gpus=gpus, containers=containers, cpus=cpus,
                        memory_mib=memory_mib, health=health, telemetry=telemetry, tls=tls,
-                       node_secret=node_secret, limits=limits)
+                       node_secret=node_secret, limits=limits, am_tls=am_tls)
 
 
 NO_CREDENTIAL = ("agent.yaml: the agent has no credential: set tls (mTLS, the node's certificate CN node:<node_id>) or "
@@ -300,7 +321,7 @@ def _telemetry(t: Reader) -> TelemetryConfig:
     return TelemetryConfig(interval_s=interval)
 
 
-def _containers(c: Reader) -> ContainerConfig:
+def _containers(c: Reader, euid: int) -> ContainerConfig:
     grace = c.duration("stop_grace", 10.0)
     keep = c.flag("keep_on_shutdown", False)
     passthrough = c.strings("env_passthrough", list(DEFAULT_ENV_PASSTHROUGH))
@@ -318,10 +339,56 @@ def _containers(c: Reader) -> ContainerConfig:
     cgroup_root = c.text("cgroup_root", "auto") or "auto"
     if cgroup_root not in ("auto", "off") and not cgroup_root.startswith("/"):
         c.error("cgroup_root", f"must be auto, off or an absolute path, got {cgroup_root!r}")
+    min_uid, banned, local = _identity(c, run_as, euid)
     c.reject_unknown()
     return ContainerConfig(stop_grace_s=grace, keep_on_shutdown=keep, env_passthrough=tuple(passthrough),
                            log_poll_s=poll, log_max_size=log_max_size, log_keep=log_keep, run_as=run_as,
-                           cgroup_root=cgroup_root)
+                           cgroup_root=cgroup_root, min_uid=min_uid, banned_users=banned, local_user=local)
+
+
+def _identity(c: Reader, run_as: RunAsMode, euid: int) -> tuple[int, tuple[str, ...], str]:
+    """containers.min_uid, banned_users, local_user (see identity.py)."""
+    min_uid = c.integer("min_uid", DEFAULT_MIN_UID, minimum=1)   # uid 0 is refused whatever min_uid says
+    banned = c.strings("banned_users", list(DEFAULT_BANNED_USERS))
+    for name in banned:
+        if not name or not _USER.match(name):
+            c.error("banned_users", f"{name!r} is not a user name")
+    local = c.text("local_user", "")
+    if local and not _USER.match(local):
+        c.error("local_user", f"{local!r} is not a user name")
+    elif local and euid != 0 and local != agent_user(euid):
+        c.error("local_user", f"the agent runs as {agent_user(euid)}, not root, and can only run containers as "
+                              f"itself, not as {local!r}: remove local_user or run the agent as root")
+    elif local and run_as is RunAsMode.AGENT:
+        c.error("local_user", "cannot be used with run_as: agent (remove run_as: containers then run as "
+                              "local_user in insecure mode)")
+    return min_uid, tuple(banned), local
+
+
+def _am_tls(r: Reader, tls: TLSConfig | None, containers: ContainerConfig, euid: int,
+            base: Path | None) -> TLSConfig | None:
+    """`am_tls: {cert, key}`: the client certificate (CN am:<name>, signed by tls.ca) the agent hands to the AM
+    containers it starts, as files private to the AM's user. Required with tls when AMs run as another user
+    than the agent's (the agent is root): they cannot read the node's own key, and must not."""
+    if r.raw("am_tls") is None:
+        if tls is not None and euid == 0 and containers.run_as is RunAsMode.USER:
+            r.error("am_tls", "is required with tls when the agent runs as root (AMs run as their job's user, "
+                              "who must not read the node's key): set am_tls: {cert: am.pem, key: am-key.pem}, "
+                              "a certificate with CN am:<name> signed by tls.ca")
+        return None
+    before = len(r.problems.items)
+    a = r.section("am_tls")
+    values = {"cert": a.text("cert", ""), "key": a.text("key", "")}
+    a.reject_unknown()
+    if tls is None:
+        a.problems.add("am_tls", "is only used with tls (mTLS): add a tls section or remove am_tls")
+    if len(r.problems.items) > before or tls is None:
+        return None
+    try:
+        return load_tls({"ca": str(tls.ca), **values}, base=base, where="am_tls")
+    except ConfigError as exc:
+        r.problems.items.extend(exc.problems)
+        return None
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)

@@ -26,20 +26,29 @@ from typing import Any
 
 from gpurm.nodeagent.cgroups import CgroupManager, agent_cgroup_name, share_limits, signal_pids
 from gpurm.nodeagent.config import DEFAULT_ENV_PASSTHROUGH, AgentConfig
-from gpurm.nodeagent.identity import RunAs, RunAsMode, UnknownUserError, resolve_run_as, startup_note
+from gpurm.nodeagent.identity import (
+    RefusedUserError,
+    RunAs,
+    RunAsMode,
+    RunAsPolicy,
+    UnknownUserError,
+    resolve_run_as,
+    startup_note,
+)
 from gpurm.nodeagent.launch import (
     LAUNCHER_LOG,
     Handshake,
     container_argv,
     container_env,
+    launch_spec,
     read_exit,
     read_handshake,
     spawn_shim,
     wait_for_exit,
     wait_pid_exit,
-    write_launch_spec,
 )
-from gpurm.nodeagent.logfiles import read_range
+from gpurm.nodeagent.logfiles import append_private, read_range
+from gpurm.nodeagent.private import PRIVATE_DIR_MODE, give_to, make_dir, state_dir_mode, write_private
 from gpurm.nodeagent.procgroup import MARKER_ENV, container_processes, same_process, start_time, wait_gone
 from gpurm.nodeagent.records import (
     LOG_FILE,
@@ -49,8 +58,8 @@ from gpurm.nodeagent.records import (
     safe_container_id,
     write_json_atomic,
 )
-from gpurm.nodeagent.shim import LAUNCH_FILE
 from gpurm.proto import gpurm_pb2 as pb
+from gpurm.rm.tls import ENV_CA, ENV_CERT, ENV_KEY, TLSConfig
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +97,8 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+WORK_DIR = "work"          # a container's default working directory, inside its container dir
+TLS_DIR = "tls"            # an AM container's client certificate (am_tls), private to its user
 HANDSHAKE_TIMEOUT_S = 30.0
 LAUNCHER_LINGER_S = 2.0    # after SIGKILL to the command: how long the launcher may take to record its exit
 KILL_POLL_S = 0.05
@@ -106,14 +117,15 @@ class ContainerSupervisor:
                  env_passthrough: Sequence[str] = DEFAULT_ENV_PASSTHROUGH, stop_grace_s: float = 10.0,
                  agent_env: Mapping[str, str] | None = None,
                  clock_ms: Callable[[], int] = now_ms,
-                 run_as: RunAsMode = RunAsMode.AGENT, cgroups: CgroupManager | None = None,
+                 run_as: RunAsPolicy | RunAsMode = RunAsMode.USER, cgroups: CgroupManager | None = None,
                  log_max_size: int = 0, log_keep: int = 3,
                  node_gpus: int = 0, node_cpus: int = 0, node_memory_mib: int = 0) -> None:
         self.node_id = node_id
         self.containers_dir = state_dir / "containers"
         self.env_passthrough = tuple(env_passthrough)
         self.stop_grace_s = stop_grace_s
-        self.run_as = run_as
+        self.run_as = run_as if isinstance(run_as, RunAsPolicy) else RunAsPolicy(mode=run_as)
+        self.am_tls: TLSConfig | None = None  # handed to AM containers as files of their user (am_tls)
         self.cgroups = cgroups or CgroupManager.disabled()
         self.log_max_size = log_max_size
         self.log_keep = log_keep
@@ -204,7 +216,12 @@ class ContainerSupervisor:
             else:
                 log.info("containers get cgroups under %s (cpu.max, memory.max in proportion to their GPUs)",
                          self.cgroups.base)
-        log.info("%s", startup_note(self.run_as))
+        ok, note = startup_note(self.run_as)
+        if ok:
+            log.info("%s", note)
+        else:
+            log.error("%s", note)
+        make_dir(self.containers_dir, state_dir_mode())  # each job's user reaches its own dir, lists none
         adopted = self.adopt()
         if adopted:
             log.info("adopted %d containers of the previous agent process (%d still running)", len(adopted),
@@ -275,7 +292,8 @@ class ContainerSupervisor:
             for g in gpu_indices:
                 if g in in_use:
                     raise GpuBusyError(g, in_use[g])
-            cdir.mkdir(parents=True, exist_ok=True)
+            make_dir(self.containers_dir, state_dir_mode())
+            make_dir(cdir, PRIVATE_DIR_MODE)
             full_argv = container_argv(kind, argv)
             rec = ContainerRecord(
                 container_id=container_id, job_id=job_id, kind=kind, state=pb.CONTAINER_STARTING,
@@ -301,12 +319,22 @@ class ContainerSupervisor:
         except UnknownUserError as exc:
             self._fail_to_start(rec, cdir, f"cannot start: {exc}", infra=True)
             return
+        except RefusedUserError as exc:
+            # The job's fault (or the node's policy), not a node failure: no AM should retry it elsewhere.
+            self._fail_to_start(rec, cdir, f"cannot start: {exc}")
+            return
         rec.run_as = who.user
-        cwd = Path(rec.workdir) if rec.workdir else self._default_workdir(who, cdir)
-        rec.workdir = str(cwd)
         if not rec.argv:
             self._fail_to_start(rec, cdir, "cannot start: the command is empty")
             return
+        try:
+            extra_env = self._prepare_dir(rec, cdir, who)
+        except OSError as exc:
+            self._fail_to_start(rec, cdir, f"cannot prepare the container dir {cdir}: {exc.strerror or exc}",
+                                infra=True)
+            return
+        cwd = Path(rec.workdir) if rec.workdir else cdir / WORK_DIR
+        rec.workdir = str(cwd)
         if not cwd.is_dir():
             why = "is not a directory" if cwd.exists() else "does not exist"
             self._fail_to_start(rec, cdir, f"cannot start: workdir {cwd} {why}")
@@ -314,8 +342,11 @@ class ContainerSupervisor:
         env_all = container_env(
             passthrough=self.env_passthrough, agent_env=self._agent_env, launch_env=env,
             container_id=rec.container_id, node_id=self.node_id, kind=rec.kind, gpu_indices=rec.gpu_indices)
+        env_all.update(extra_env)
         if who.switches:
-            for name, value in (("HOME", who.home), ("USER", who.user), ("LOGNAME", who.user)):
+            # A home that does not exist (nobody's /nonexistent) is replaced by the container's work dir.
+            home = who.home if who.home and Path(who.home).is_dir() else str(cdir / WORK_DIR)
+            for name, value in (("HOME", home), ("USER", who.user), ("LOGNAME", who.user)):
                 if name not in env and value:
                     env_all[name] = value
         env_all[MARKER_ENV] = self.marker(rec.container_id)
@@ -323,18 +354,16 @@ class ContainerSupervisor:
                               cpus=rec.cpus, memory_mib=rec.memory_mib)
         cgroup = self.cgroups.create(rec.container_id, limits)
         rec.cgroup = str(cgroup) if cgroup is not None else ""
+        spec = launch_spec(argv=rec.argv, env=env_all, cwd=cwd, run_as=who, cgroup=cgroup,
+                           log_max_size=self.log_max_size, log_keep=self.log_keep)
         try:
-            write_launch_spec(cdir, argv=rec.argv, env=env_all, cwd=cwd, run_as=who, cgroup=cgroup,
-                              log_max_size=self.log_max_size, log_keep=self.log_keep)
-            proc, handshake_fd = spawn_shim(cdir, os.environ)
+            proc, handshake_fd = spawn_shim(cdir, os.environ, spec)
         except OSError as exc:
             self._cleanup_cgroup(rec)
             self._fail_to_start(rec, cdir, f"cannot start the container's launcher: {exc.strerror or exc}",
                                 infra=True)
             return
         answer = await asyncio.to_thread(read_handshake, handshake_fd, HANDSHAKE_TIMEOUT_S)
-        with contextlib.suppress(OSError):
-            (cdir / LAUNCH_FILE).unlink()  # it holds the container's env (tokens): no longer needed
         if answer.cgroup_error:
             self._cgroup_problem(rec, answer)
         if answer.launcher_failed or answer.error:
@@ -353,18 +382,32 @@ class ContainerSupervisor:
         rec.shim_start = start_time(proc.pid)
         rec.state = pb.CONTAINER_RUNNING
         self._procs[rec.container_id] = proc
-        log.info("container %s (job %s) started as %s: pid %d, GPUs %s%s", rec.container_id, rec.job_id,
-                 who.user, rec.pid, rec.gpu_indices or "none", f", cgroup {rec.cgroup}" if rec.cgroup else "")
+        log.info("container %s (job %s) started as %s%s: pid %d, GPUs %s%s", rec.container_id, rec.job_id,
+                 who.user, f" (the job's user: {rec.user or 'none'})" if rec.user != who.user else "", rec.pid,
+                 rec.gpu_indices or "none", f", cgroup {rec.cgroup}" if rec.cgroup else "")
         self._changed(rec)
         self._spawn_task(self._watch(rec, proc))
 
-    @staticmethod
-    def _default_workdir(who: RunAs, cdir: Path) -> Path:
-        """The container dir, or for a job run as its user, that user's home (the container dir is the
-        agent's)."""
-        if who.switches and who.home and Path(who.home).is_dir():
-            return Path(who.home)
-        return cdir
+    def _prepare_dir(self, rec: ContainerRecord, cdir: Path, who: RunAs) -> dict[str, str]:
+        """Hand the container dir to its user: `work/` (the default working directory) and, for an AM under
+        mTLS, `tls/` (its client certificate), then the dir itself, all 0700 / 0600 and owned by that user; made
+        by the agent before the user owns anything there. Returns env for the container (GPURM_TLS_*)."""
+        uid, gid = (who.uid, who.gid) if who.switches else (None, None)
+        env: dict[str, str] = {}
+        work = cdir / WORK_DIR
+        make_dir(work, PRIVATE_DIR_MODE)
+        give_to(work, uid, gid)
+        if rec.kind == pb.CONTAINER_AM and self.am_tls is not None:
+            tdir = cdir / TLS_DIR
+            make_dir(tdir, PRIVATE_DIR_MODE)
+            tls = self.am_tls
+            for name, data, var in (("ca.pem", tls.ca_pem, ENV_CA), ("cert.pem", tls.cert_pem, ENV_CERT),
+                                    ("key.pem", tls.key_pem, ENV_KEY)):
+                write_private(tdir / name, data, uid, gid)
+                env[var] = str(tdir / name)
+            give_to(tdir, uid, gid)
+        give_to(cdir, uid, gid)
+        return env
 
     def _cgroup_problem(self, rec: ContainerRecord, answer: Handshake) -> None:
         if not self._cgroup_warned:
@@ -385,11 +428,8 @@ class ContainerSupervisor:
         rec.infra_failure = infra
         rec.end_ms = self._clock_ms()
         # Also in the log, so `gpurm logs` shows why nothing ran.
-        try:
-            with (cdir / LOG_FILE).open("ab") as f:
-                f.write(f"gpurm: {problem}\n".encode())
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            append_private(cdir / LOG_FILE, f"gpurm: {problem}\n".encode())
         log.warning("container %s (job %s) failed to start: %s", rec.container_id, rec.job_id, problem)
         self._changed(rec)
         self._ended[rec.container_id].set()
@@ -621,7 +661,8 @@ def supervisor_for(cfg: AgentConfig, node_gpus: int) -> ContainerSupervisor:
     cc = cfg.containers
     supervisor = ContainerSupervisor(
         cfg.node_id, cfg.state_dir, env_passthrough=cc.env_passthrough, stop_grace_s=cc.stop_grace_s,
-        run_as=cc.run_as, log_max_size=cc.log_max_size, log_keep=cc.log_keep,
+        run_as=cfg.run_as_policy(), log_max_size=cc.log_max_size, log_keep=cc.log_keep,
         node_gpus=node_gpus, node_cpus=cfg.cpus, node_memory_mib=cfg.memory_mib)
     supervisor.cgroup_root = cc.cgroup_root
+    supervisor.am_tls = cfg.am_tls
     return supervisor

@@ -19,6 +19,7 @@ from gpurm.nodeagent.containers import ContainerSupervisor, supervisor_for
 from gpurm.nodeagent.gpus import GpuDevice, GpuDiscoveryError, GpuProvider, make_provider
 from gpurm.nodeagent.monitor import AgentMonitor
 from gpurm.nodeagent.ports import PortReserver
+from gpurm.nodeagent.private import make_dir, state_dir_mode
 from gpurm.nodeagent.records import write_json_atomic
 from gpurm.nodeagent.service import ContainerManagerServicer
 from gpurm.nodeagent.tracker import Registration, Tracker
@@ -71,7 +72,9 @@ async def run_agent(cfg: AgentConfig, *, stop: asyncio.Event | None = None) -> i
 async def _run_with_gpus(cfg: AgentConfig, provider: GpuProvider, gpus: list[GpuDevice],
                          stop: asyncio.Event | None) -> int:
     try:
-        cfg.state_dir.mkdir(parents=True, exist_ok=True)
+        # As root traversable, not listable (0711): each job's user reaches its own container dir (0700) below
+        # it; else 0700. The agent's files in it are 0600.
+        make_dir(cfg.state_dir, state_dir_mode())
     except OSError as exc:
         log.error("agent %s: cannot create state_dir %s: %s", cfg.node_id, cfg.state_dir, exc.strerror or exc)
         return EXIT_CONFIG
@@ -82,7 +85,9 @@ async def _run_with_gpus(cfg: AgentConfig, provider: GpuProvider, gpus: list[Gpu
     monitor.check_gpus()
     servicer = ContainerManagerServicer(supervisor, gpus, stop_grace_s=cfg.containers.stop_grace_s,
                                         ports=PortReserver(cfg.host))
-    if cfg.tls is not None:  # the AMs this node starts dial the RM and the agents with the node's certificate
+    if cfg.tls is not None and cfg.am_tls is None:
+        # AMs run as the agent's own user: they dial the RM and the agents with the node's certificate. With
+        # am_tls, each AM gets that certificate as files of its own user instead (ContainerSupervisor.am_tls).
         servicer.am_env = cfg.tls.env()
     server = make_server(cfg.limits)
     servicer.add_to_server(server)

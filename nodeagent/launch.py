@@ -1,7 +1,8 @@
 """How one container process is launched: its argv, its environment, the spawn, and waiting for its exit.
 
-Every container runs under a launcher, `gpurm.nodeagent.shim` (see there): the agent writes `launch.json`,
-starts the launcher as a session leader, and reads one handshake line (the command's pid or why exec failed).
+Every container runs under a launcher, `gpurm.nodeagent.shim` (see there): the agent hands it the launch spec
+through an unnamed file (never a file in the container dir, which belongs to the job's user), starts it as a
+session leader, and reads one handshake line (the command's pid or why exec failed).
 The launcher, not the agent, holds the output pipe (rotating output.log) and waits for the command (writing
 exit.json), so the agent can be killed or upgraded under running containers and adopt them afterwards.
 """
@@ -14,14 +15,16 @@ import os
 import select
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpurm.nodeagent.identity import RunAs
+from gpurm.nodeagent.private import open_append, open_read
 from gpurm.nodeagent.procgroup import pid_alive, start_time
-from gpurm.nodeagent.shim import EXIT_FILE, LAUNCH_FILE
+from gpurm.nodeagent.shim import EXIT_FILE
 from gpurm.proto import gpurm_pb2 as pb
 
 LAUNCHER_LOG = "launcher.log"
@@ -62,34 +65,40 @@ class Handshake:
     launcher_failed: bool = False  # the launcher itself died or hung before answering (an agent problem)
 
 
-def write_launch_spec(cdir: Path, *, argv: Sequence[str], env: Mapping[str, str], cwd: Path, run_as: RunAs,
-                      cgroup: Path | None, log_max_size: int, log_keep: int) -> None:
-    """launch.json for the shim; private to the agent's user (it carries the container's env and tokens)."""
+def launch_spec(*, argv: Sequence[str], env: Mapping[str, str], cwd: Path, run_as: RunAs,
+                cgroup: Path | None, log_max_size: int, log_keep: int) -> bytes:
+    """The shim's launch spec (JSON): the command, its env (tokens), its user, its cgroup, log rotation."""
     spec = {"argv": list(argv), "env": dict(env), "cwd": str(cwd), "uid": run_as.uid, "gid": run_as.gid,
             "groups": list(run_as.groups) if run_as.groups is not None else None,
             "cgroup": str(cgroup) if cgroup is not None else "", "log_max_size": log_max_size,
             "log_keep": log_keep}
-    path = cdir / LAUNCH_FILE
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(spec, f)
+    return json.dumps(spec).encode()
 
 
-def spawn_shim(cdir: Path, env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], int]:
-    """Start the launcher as a new session (its group is the container's); returns it and the read end of
-    the handshake pipe. Raises OSError when even the launcher cannot be started."""
-    r, w = os.pipe()
-    try:
-        with (cdir / LAUNCHER_LOG).open("ab") as errors:
+def spawn_shim(cdir: Path, env: Mapping[str, str], spec: bytes) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the launcher as a new session (its group is the container's), the spec in an unnamed temp file
+    it reads from an inherited fd; returns it and the read end of the handshake pipe. Raises OSError when even
+    the launcher cannot be started."""
+    with tempfile.TemporaryFile() as spec_file:
+        spec_file.write(spec)
+        spec_file.flush()
+        spec_file.seek(0)
+        spec_fd = spec_file.fileno()
+        r, w = os.pipe()
+        errors = -1
+        try:
+            errors = open_append(cdir / LAUNCHER_LOG)
             proc = subprocess.Popen(
-                [sys.executable, "-m", "gpurm.nodeagent.shim", str(cdir), str(w)], env=dict(env), cwd=cdir,
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, pass_fds=(w,),
-                start_new_session=True, close_fds=True)
-    except OSError:
-        os.close(r)
-        raise
-    finally:
-        os.close(w)
+                [sys.executable, "-m", "gpurm.nodeagent.shim", str(cdir), str(w), str(spec_fd)], env=dict(env),
+                cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors,
+                pass_fds=(w, spec_fd), start_new_session=True, close_fds=True)
+        except OSError:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)
+            if errors >= 0:
+                os.close(errors)
     return proc, r
 
 
@@ -124,7 +133,8 @@ def read_handshake(fd: int, timeout_s: float) -> Handshake:
 def read_exit(cdir: Path) -> int | None:
     """The command's return code from exit.json (negative = that signal), None when it was not written."""
     try:
-        return int(json.loads((cdir / EXIT_FILE).read_text())["returncode"])
+        with os.fdopen(open_read(cdir / EXIT_FILE), "rb") as f:
+            return int(json.loads(f.read())["returncode"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

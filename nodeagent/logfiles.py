@@ -5,6 +5,9 @@ Offsets are *logical*: the number of bytes the container wrote before that byte,
 (its inode) and at which logical offset it starts; the writer (the container's launcher, `shim.py`) rewrites
 it after every rotation, and a reader that finds it naming another inode than the `output.log` it opened
 caught a rotation half done and reads again.
+
+The files are 0600, written by the launcher as the container's user; the agent (root) reads them never through
+a symlink (the container dir is the user's).
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
+
+from gpurm.nodeagent.private import PRIVATE_FILE_MODE, open_append, open_read
 
 LOG_FILE = "output.log"
 INDEX_FILE = "output.log.index"
@@ -40,7 +46,7 @@ class LogWriter:
 
     def _open(self) -> None:
         path = self.cdir / LOG_FILE
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, PRIVATE_FILE_MODE)
         st = os.fstat(self._fd)
         self._size = st.st_size
         old = _read_index(self.cdir)
@@ -50,7 +56,9 @@ class LogWriter:
 
     def _write_index(self, ino: int) -> None:
         tmp = self.cdir / f".{INDEX_FILE}.tmp"
-        tmp.write_text(json.dumps({"ino": ino, "base": self.base}))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, PRIVATE_FILE_MODE)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"ino": ino, "base": self.base}))
         os.replace(tmp, self.cdir / INDEX_FILE)
 
     def write(self, data: bytes) -> None:
@@ -74,7 +82,8 @@ class LogWriter:
         else:
             path.unlink(missing_ok=True)
         self.base += self._size
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW,
+                           PRIVATE_FILE_MODE)
         self._size = 0
         self._write_index(os.fstat(self._fd).st_ino)
 
@@ -84,9 +93,23 @@ class LogWriter:
             self._fd = -1
 
 
+def append_private(path: Path, data: bytes) -> None:
+    """Append to a log file (created 0600), never through a symlink."""
+    fd = open_append(path)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _open(path: Path) -> BinaryIO:
+    return os.fdopen(open_read(path), "rb")
+
+
 def _read_index(cdir: Path) -> tuple[int, int] | None:
     try:
-        data = json.loads((cdir / INDEX_FILE).read_text())
+        with _open(cdir / INDEX_FILE) as f:
+            data = json.loads(f.read())
         return int(data["ino"]), int(data["base"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -110,9 +133,11 @@ def logical_size(cdir: Path) -> int:
 def _try_read(cdir: Path, offset: int, max_bytes: int) -> LogRange | None:
     index = _read_index(cdir)
     try:
-        f = (cdir / LOG_FILE).open("rb")
+        f = _open(cdir / LOG_FILE)
     except FileNotFoundError:
         return LogRange(b"", 0, 0) if index is None else None
+    except OSError:  # a symlink planted in the container dir: nothing is read through it
+        return LogRange(b"", 0, 0)
     with f:
         st = os.fstat(f.fileno())
         if index is not None and index[0] != st.st_ino:
@@ -132,7 +157,7 @@ def _try_read(cdir: Path, offset: int, max_bytes: int) -> LogRange | None:
     while end > start:
         p = cdir / f"{LOG_FILE}.{k}"
         try:
-            n = p.stat().st_size
+            n = p.lstat().st_size
         except FileNotFoundError:
             break
         files.append((p, end - n))
@@ -144,7 +169,7 @@ def _try_read(cdir: Path, offset: int, max_bytes: int) -> LogRange | None:
         if not out:
             first = max(start, fstart)
         try:
-            with p.open("rb") as rf:
+            with _open(p) as rf:
                 rf.seek(max(0, first + len(out) - fstart))
                 out += rf.read(max_bytes - len(out))
         except OSError:
@@ -153,7 +178,7 @@ def _try_read(cdir: Path, offset: int, max_bytes: int) -> LogRange | None:
             break
     if len(out) < max_bytes:
         try:
-            with (cdir / LOG_FILE).open("rb") as cf:
+            with _open(cdir / LOG_FILE) as cf:
                 if os.fstat(cf.fileno()).st_ino != st.st_ino:
                     return None
                 if not out:

@@ -6,6 +6,7 @@ The JSON file is rewritten atomically on every change so a restarted agent can f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpurm.nodeagent.logfiles import LOG_FILE
+from gpurm.nodeagent.private import open_read, write_private
 from gpurm.proto import gpurm_pb2 as pb
 
 __all__ = ["LOG_FILE", "RECORD_FILE", "ContainerRecord", "read_record", "safe_container_id", "write_json_atomic"]
@@ -94,14 +96,25 @@ def write_json_atomic(path: Path, data: object) -> None:
     """Write via a temp file and rename, so a reader (or a restarted agent) never sees half a file.
 
     No fsync: after a power loss the containers are gone too, so a lost record costs nothing.
+    The file is 0600 and written through a new temp file (O_EXCL | O_NOFOLLOW): a container dir belongs to the
+    job's user, and a symlink planted there must never make the agent write elsewhere.
     """
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    write_private(tmp, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
     os.replace(tmp, path)
 
 
 def read_record(container_dir: Path) -> ContainerRecord | None:
+    """The record in a container dir; None when missing, damaged, a symlink, written by someone else than the
+    agent's user (the dir's owner, a job's user, could forge one) or naming another container."""
     try:
-        return ContainerRecord.from_json(json.loads((container_dir / RECORD_FILE).read_text()))
+        fd = open_read(container_dir / RECORD_FILE)
+        with os.fdopen(fd, "rb") as f:
+            if os.fstat(f.fileno()).st_uid != os.geteuid():
+                return None
+            rec = ContainerRecord.from_json(json.loads(f.read()))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    return rec if rec.container_id == container_dir.name else None

@@ -1,16 +1,19 @@
-"""`python -m gpurm.nodeagent.shim CONTAINER_DIR HANDSHAKE_FD`: the launcher that stands between the agent and
-a container's command, and outlives the agent.
+"""`python -m gpurm.nodeagent.shim CONTAINER_DIR HANDSHAKE_FD SPEC_FD`: the launcher that stands between the
+agent and a container's command, and outlives the agent.
 
 The agent starts it as a session leader (the container's process group is the shim's); the shim, still the
 agent's user:
 
-1. reads `launch.json` (argv, env, workdir, user / groups, cgroup, log rotation) from the container dir;
+1. reads the launch spec (argv, env, workdir, user / groups, cgroup, log rotation) from SPEC_FD (an unnamed
+   file: nothing in the container dir, which belongs to the job's user, can change it);
 2. joins the container's cgroup, so the command and all it forks start inside it;
-3. starts the command (switching user with setgroups / setgid / setuid when asked), its stdout and stderr a
-   pipe the shim reads;
-4. tells the agent on HANDSHAKE_FD: `{"pid": N}` or `{"error": "...", "errno": E}` (exec failed);
-5. copies the output into output.log, rotating it by size (`logfiles.LogWriter`);
-6. when the command ends, writes `exit.json` (`{"returncode": rc}`, negative = killed by that signal) and exits.
+3. refuses to go on as uid 0 (the agent's own check comes first; this is the second), then becomes the
+   container's user (setgroups / setgid / setuid) when asked, so every file it writes from here on is that
+   user's and no symlink in the container dir can make it write elsewhere;
+4. starts the command, its stdout and stderr a pipe the shim reads;
+5. tells the agent on HANDSHAKE_FD: `{"pid": N}` or `{"error": "...", "errno": E}` (exec failed, refused);
+6. copies the output into output.log (0600), rotating it by size (`logfiles.LogWriter`);
+7. when the command ends, writes `exit.json` (`{"returncode": rc}`, negative = killed by that signal) and exits.
 
 Because the shim, not the agent, holds the pipe and waits for the command, an agent that is killed or
 upgraded costs the container nothing: the restarted agent adopts it and still learns its exit code from
@@ -24,6 +27,7 @@ import errno
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +37,6 @@ from typing import Any
 
 from gpurm.nodeagent.logfiles import LogWriter
 
-LAUNCH_FILE = "launch.json"
 EXIT_FILE = "exit.json"
 DRAIN_S = 0.2       # after the command's exit: read what is still buffered, not what stragglers write later
 
@@ -44,17 +47,41 @@ def _ignore(signum: int, frame: object) -> None:
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data) + "\n")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(data) + "\n")
     os.replace(tmp, path)
 
 
-def describe_exec_error(exc: OSError, program: str, cwd: str = "") -> str:
-    """One line saying why `program` (to run in `cwd`) could not be started."""
+def become(uid: int | None, gid: int | None, groups: list[int] | None) -> str:
+    """Refuse root, then drop to the container's user (uid None: stay the agent's). '' or why not."""
+    target = os.geteuid() if uid is None else uid
+    if target == 0:
+        return ("refused: the launcher never runs a command as root (uid 0); run as a user with uid >= 1000, "
+                "or set containers.min_uid in agent.yaml")
+    if uid is None:
+        return ""
+    try:
+        os.setgroups(groups if groups is not None else [])
+        if gid is not None:
+            os.setgid(gid)
+        os.setuid(uid)
+    except OSError as exc:
+        return f"cannot switch to uid {uid}: {exc.strerror or exc}"
+    if os.getuid() == 0 or os.geteuid() == 0:
+        return "refused: still root after switching user"
+    return ""
+
+
+def describe_exec_error(exc: OSError, program: str, cwd: str = "", path: str | None = None) -> str:
+    """One line saying why `program` (to run in `cwd`, looked up in `path` when it has no '/') could not be
+    started. A PATH entry the user may not enter makes exec say EACCES for a command that is nowhere."""
     if exc.errno == errno.ENOENT and cwd and exc.filename == cwd:
         return f"cannot start: workdir {cwd} does not exist"
     if exc.errno in (errno.EACCES, errno.EPERM) and cwd and exc.filename == cwd:
         return f"cannot start: workdir {cwd} is not accessible to the container's user"
-    if exc.errno == errno.ENOENT:
+    if exc.errno == errno.ENOENT or (exc.errno in (errno.EACCES, errno.EPERM) and path is not None
+                                     and "/" not in program and shutil.which(program, path=path) is None):
         return f"cannot start {program!r}: command not found"
     if exc.errno in (errno.EACCES, errno.EPERM):
         return f"cannot start {program!r}: permission denied"
@@ -63,8 +90,9 @@ def describe_exec_error(exc: OSError, program: str, cwd: str = "") -> str:
     return f"cannot start {program!r}: {exc.strerror or exc}"
 
 
-def run(cdir: Path, handshake_fd: int) -> int:
-    spec: dict[str, Any] = json.loads((cdir / LAUNCH_FILE).read_text())
+def run(cdir: Path, handshake_fd: int, spec_fd: int) -> int:
+    with os.fdopen(spec_fd, "rb") as f:
+        spec: dict[str, Any] = json.loads(f.read())
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _ignore)
     answer: dict[str, Any] = {}
@@ -75,15 +103,21 @@ def run(cdir: Path, handshake_fd: int) -> int:
             answer["cgroup"] = cgroup
         except OSError as exc:
             answer["cgroup_error"] = f"cannot join cgroup {cgroup}: {exc.strerror or exc}"
+    refused = become(spec.get("uid"), spec.get("gid"), spec.get("groups"))
+    if refused:
+        answer.update(error=f"cannot start: {refused}", errno=errno.EPERM)
+        os.write(handshake_fd, (json.dumps(answer) + "\n").encode())
+        return 126
     writer = LogWriter(cdir, int(spec.get("log_max_size", 0)), int(spec.get("log_keep", 3)))
     r, w = os.pipe()
     argv: list[str] = spec["argv"]
     try:
         proc = subprocess.Popen(
             argv, env=spec["env"], cwd=spec["cwd"], stdin=subprocess.DEVNULL, stdout=w, stderr=w,
-            close_fds=True, user=spec.get("uid"), group=spec.get("gid"), extra_groups=spec.get("groups"))
+            close_fds=True)
     except OSError as exc:
-        answer.update(error=describe_exec_error(exc, argv[0] if argv else "", spec["cwd"]), errno=exc.errno or 0)
+        why = describe_exec_error(exc, argv[0] if argv else "", spec["cwd"], spec["env"].get("PATH", os.defpath))
+        answer.update(error=why, errno=exc.errno or 0)
         os.write(handshake_fd, (json.dumps(answer) + "\n").encode())
         return 127
     finally:
@@ -155,10 +189,10 @@ def _pump(proc: subprocess.Popen[bytes], r: int, writer: LogWriter) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        sys.stderr.write("usage: python -m gpurm.nodeagent.shim CONTAINER_DIR HANDSHAKE_FD\n")
+    if len(argv) != 3:
+        sys.stderr.write("usage: python -m gpurm.nodeagent.shim CONTAINER_DIR HANDSHAKE_FD SPEC_FD\n")
         return 2
-    return run(Path(argv[0]), int(argv[1]))
+    return run(Path(argv[0]), int(argv[1]), int(argv[2]))
 
 
 if __name__ == "__main__":

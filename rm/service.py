@@ -249,7 +249,7 @@ class AMService(pbg.ApplicationMasterServicer):
     def _authenticate(self, context: Ctx, job_id: str, am_attempt: int) -> str:
         """Check the AM token (and with mTLS an AM's certificate); returns the token presented."""
         who = identify(context)
-        if who.verified and who.kind is CallerKind.USER:
+        if who.verified and who.kind is not CallerKind.AM:
             raise RequestError(ErrorCode.PERMISSION_DENIED,
                                f"AMs present an AM certificate (CN am:<name>, agent.yaml am_tls), not {who.name}")
         presented = metadata(context, AM_TOKEN_KEY)

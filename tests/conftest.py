@@ -1,4 +1,5 @@
-"""Fixtures shared by the whole suite: free loopback ports and a real MQTT broker with credentials."""
+"""Fixtures shared by the whole suite: free loopback ports, a real MQTT broker with credentials, temp dirs a
+job can reach."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import os
 import pwd
 import shutil
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +27,86 @@ PHILLY = Path(__file__).resolve().parent / "data" / "philly"    # the Philly tra
 def philly_data(name: str) -> Path:
     """A file of the vendored Philly data set (tests/data/philly/)."""
     return PHILLY / name
+
+
+# An agent run as root (tests run as root in CI) runs every job as `nobody`, who must reach its container dir
+# below the test's temp dir: pytest's own /tmp/pytest-of-root is 0700. So the suite's temp dirs live under
+# /tmp/gpurm-tests-<uid>/run-XXXX (one per session, so parallel sessions never clear each other's), and each
+# level down to every test's dir is 0711: traversable, never listable. What a test makes inside stays its own.
+TRAVERSE = 0o711
+KEEP_RUNS_S = 24 * 3600
+_RUN_DIR = pytest.StashKey[Path]()
+
+
+def _suite_base() -> Path:
+    base = Path(tempfile.gettempdir()) / f"gpurm-tests-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        base.mkdir(mode=TRAVERSE)
+    st = os.lstat(base)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise pytest.UsageError(f"{base} is not a folder of this user: remove it")
+    os.chmod(base, TRAVERSE)
+    now = time.time()
+    for old in base.glob("run-*"):  # earlier sessions' leftovers
+        with contextlib.suppress(OSError):
+            if now - old.lstat().st_mtime > KEEP_RUNS_S:
+                shutil.rmtree(old, ignore_errors=True)
+    return base
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.option.basetemp is None:
+        run = Path(tempfile.mkdtemp(prefix="run-", dir=_suite_base()))
+        os.chmod(run, TRAVERSE)
+        config.option.basetemp = str(run)
+        config.stash[_RUN_DIR] = run
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A session that passed leaves nothing behind; a failed one keeps its dirs (a day) for a look."""
+    run = session.config.stash.get(_RUN_DIR, None)
+    if run is not None and exitstatus == 0:
+        shutil.rmtree(run, ignore_errors=True)
+
+
+@pytest.fixture
+def tmp_path(tmp_path: Path) -> Path:
+    """pytest's tmp_path, traversable (0711) so that a job running as another user reaches dirs inside."""
+    os.chmod(tmp_path, TRAVERSE)
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
+def tmp_path_factory(tmp_path_factory: pytest.TempPathFactory) -> pytest.TempPathFactory:
+    """pytest's factory whose base and mktemp dirs are traversable (0711), as tmp_path's."""
+    os.chmod(tmp_path_factory.getbasetemp(), TRAVERSE)  # pytest (re)makes it 0700
+    return _Traversable(tmp_path_factory)  # type: ignore[return-value]
+
+
+class _Traversable:
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        self._factory = factory
+
+    def mktemp(self, basename: str, numbered: bool = True) -> Path:
+        path = self._factory.mktemp(basename, numbered)
+        os.chmod(path, TRAVERSE)
+        return path
+
+    def __getattr__(self, name: str) -> object:  # everything else (pytest's tmp_path uses private parts)
+        return getattr(self._factory, name)
+
+
+def job_user_dir(path: Path) -> Path:
+    """A folder the jobs of the tests' agents may write (results a test reads back): they run as `nobody` when
+    the tests run as root, else as the tests' own user."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        import pwd
+
+        nobody = pwd.getpwnam("nobody")
+        os.chown(path, nobody.pw_uid, nobody.pw_gid)
+    os.chmod(path, 0o700)
+    return path
 
 
 def free_port() -> int:

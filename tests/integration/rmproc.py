@@ -259,8 +259,10 @@ class AgentProcess:
 
     def __init__(self, workdir: Path, rm: RMProcess, node_id: str, *, gpus: dict[str, Any] | None = None,
                  containers: dict[str, Any] | None = None, rack: str = "rack-1", ib_domain: str = "ib-1",
-                 **settings: Any) -> None:
-        """`settings`: more agent.yaml keys (e.g. tls); the test's own calls to it use `rm.client_tls`."""
+                 run_as_user: str | None = None, **settings: Any) -> None:
+        """`settings`: more agent.yaml keys (e.g. tls); the test's own calls to it use `rm.client_tls`.
+        `run_as_user`: start the agent as this account (the tests run as root) instead of the tests' user."""
+        self.run_as_user = run_as_user
         self.workdir = workdir
         self.rm = rm
         self.node_id = node_id
@@ -282,7 +284,9 @@ class AgentProcess:
         """Start the agent; return the node as the RM lists it once it has registered."""
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "gpurm.nodeagent", "--config", str(self.config)],
-                                         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+                                         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, user=self.run_as_user,
+                                         group=self.run_as_user and _group_of(self.run_as_user),
+                                         extra_groups=[] if self.run_as_user else None)
         proc = self.proc
 
         def serving() -> dict[str, Any] | None:
@@ -305,19 +309,19 @@ class AgentProcess:
         return pbg.ContainerManagerStub(self.channel)
 
     def token(self, container_id: str, job_id: str, gpu_indices: Iterable[int] = (),
-              purpose: pb.TokenPurpose = pb.TOKEN_CONTAINER) -> pb.ContainerToken:
-        """A token for this node, as the RM would sign it."""
+              purpose: pb.TokenPurpose = pb.TOKEN_CONTAINER, *, user: str = USER,
+              kind: pb.ContainerKind = pb.CONTAINER_LEARNER) -> pb.ContainerToken:
+        """A token for this node naming `user`, as the RM would sign it."""
         payload = pb.ContainerTokenPayload(
             container_id=container_id, job_id=job_id, node_id=self.node_id, gpu_indices=list(gpu_indices),
-            kind=pb.CONTAINER_LEARNER, user=USER, expiry_ms=int(time.time() * 1000) + 60_000, attempt=1,
-            purpose=purpose)
+            kind=kind, user=user, expiry_ms=int(time.time() * 1000) + 60_000, attempt=1, purpose=purpose)
         return sign_container(payload, self.rm.key(self.node_id))
 
-    def start_container(self, container_id: str, job_id: str, script: str,
-                        gpu_indices: Iterable[int] = ()) -> pb.ContainerStatus:
+    def start_container(self, container_id: str, job_id: str, script: str, gpu_indices: Iterable[int] = (), *,
+                        user: str = USER, kind: pb.ContainerKind = pb.CONTAINER_LEARNER) -> pb.ContainerStatus:
         """StartContainer on this agent, as an AM would, with a token signed by the RM's key for this node."""
         reply = self.manager.StartContainer(pb.StartContainerRequest(
-            token=self.token(container_id, job_id, gpu_indices),
+            token=self.token(container_id, job_id, gpu_indices, user=user, kind=kind),
             launch=pb.LaunchContext(argv=["/bin/sh", "-c", script])), timeout=10)
         status: pb.ContainerStatus = reply.status
         return status
@@ -355,3 +359,9 @@ class AgentProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def _group_of(user: str) -> int:
+    import pwd
+
+    return pwd.getpwnam(user).pw_gid

@@ -16,6 +16,7 @@ from gpurm.nodeagent.containers import ContainerExistsError, ContainerSupervisor
 from gpurm.nodeagent.procgroup import pid_alive
 from gpurm.nodeagent.records import ContainerRecord
 from gpurm.proto import gpurm_pb2 as pb
+from tests.conftest import job_user_dir
 
 LEARNER = pb.CONTAINER_LEARNER
 WAIT = 10.0  # seconds a test waits for a process event before it fails
@@ -65,7 +66,8 @@ async def test_environment(sup: ContainerSupervisor) -> None:
     assert env["GPURM_CONTAINER_ID"] == "c-env"
     assert env["GPURM_NODE_ID"] == "node-a"
     assert env["JOB_VAR"] == "1"
-    assert env["HOME"] == "/home/agent"
+    # A root agent runs the job as nobody (tests/conftest.py), whose home does not exist: HOME is its work dir.
+    assert env["HOME"] == (str(sup.containers_dir / "c-env" / "work") if os.geteuid() == 0 else "/home/agent")
     assert "SECRET" not in env  # not in the passthrough list
 
 
@@ -93,9 +95,9 @@ async def test_exit_code_and_output_in_log(sup: ContainerSupervisor, tmp_path: P
     assert (status.node_id, status.job_id, list(status.gpu_indices)) == ("node-a", "job-1", [])
 
 
-async def test_default_workdir_is_the_container_dir(sup: ContainerSupervisor) -> None:
+async def test_default_workdir_is_the_container_dirs_work(sup: ContainerSupervisor) -> None:
     await run_to_end(sup, "c-pwd", ["/bin/pwd"])
-    assert log_text(sup, "c-pwd").strip() == str(sup.containers_dir / "c-pwd")
+    assert log_text(sup, "c-pwd").strip() == str(sup.containers_dir / "c-pwd" / "work")
 
 
 async def test_signal_death(sup: ContainerSupervisor) -> None:
@@ -127,7 +129,7 @@ async def test_command_not_found_and_not_executable(sup: ContainerSupervisor, tm
 
 
 async def test_stop_kills_a_group_that_ignores_sigterm(sup: ContainerSupervisor, tmp_path: Path) -> None:
-    pids = tmp_path / "pids"
+    pids = job_user_dir(tmp_path / "out") / "pids"
     # Ignoring TERM is inherited through exec, so both the shell and its sleep child ignore it.
     script = f"trap '' TERM; echo $$ > {pids}; sleep 300 & echo $! >> {pids}; wait"
     rec = await sup.start("c-stub", "job-1", LEARNER, ["/bin/sh", "-c", script], {}, "", [0], 1, "alice")
@@ -150,7 +152,7 @@ async def test_stop_polite_process_ends_by_sigterm(sup: ContainerSupervisor) -> 
 
 
 async def test_group_member_outliving_its_leader_is_killed(sup: ContainerSupervisor, tmp_path: Path) -> None:
-    pids = tmp_path / "pids"
+    pids = job_user_dir(tmp_path / "out") / "pids"
     rec = await run_to_end(sup, "c-orphan", ["/bin/sh", "-c", f"sleep 300 & echo $! > {pids}; exit 0"], [1])
     (child,) = await read_pids(pids, 1)
     assert rec.state == pb.CONTAINER_EXITED and rec.exit_code == 0

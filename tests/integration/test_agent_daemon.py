@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from gpurm.proto import gpurm_pb2 as pb
-from tests.conftest import TestBroker
+from tests.conftest import TestBroker, job_user_dir
 from tests.integration.harness import alive
 from tests.integration.rmproc import TERMINAL, WAIT, AgentProcess, RMProcess, poll, wait_gone
 
@@ -69,7 +69,7 @@ def test_shutdown_stops_every_container_and_the_rm_sees_them_end(rm: RMProcess, 
     try:
         agent.start()
         # A learner whose whole process group ignores SIGTERM: only the SIGKILL after the grace ends it.
-        pids = tmp_path / "pids"
+        pids = job_user_dir(tmp_path / "out") / "pids"   # the job runs as nobody when the agent is root
         job_id = rm.submit(f"trap '' TERM; echo $$ > {pids}; sleep 300 & echo $! >> {pids}; wait")
         learner = rm.learner(job_id)
         leader, child = read_pids(pids, 2)

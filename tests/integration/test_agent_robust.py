@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from gpurm.nodeagent.containers import ContainerSupervisor
-from gpurm.nodeagent.identity import RunAsMode
+from gpurm.nodeagent.identity import RunAsMode, RunAsPolicy
 from gpurm.nodeagent.procgroup import pid_alive
 from gpurm.proto import gpurm_pb2 as pb
-from tests.conftest import TestBroker
+from tests.conftest import TestBroker, job_user_dir
 from tests.integration.harness import ROOT, alive
 from tests.integration.rmproc import AgentProcess, RMProcess, poll, wait_gone
 
@@ -61,7 +61,7 @@ ESCAPING = ("trap '' TERM; sleep 300 & echo $! >> {pids}; "
 
 @pytest.mark.parametrize("ending", ["stopped", "leader-exits"])
 async def test_no_orphan_survives_its_container(sup: ContainerSupervisor, tmp_path: Path, ending: str) -> None:
-    pids = tmp_path / "pids"
+    pids = job_user_dir(tmp_path / "out") / "pids"
     tail = "wait" if ending == "stopped" else "sleep 0.3; exit 4"
     rec = await sup.start("c-orph", "job-1", LEARNER, ["/bin/sh", "-c", ESCAPING.format(pids=pids, tail=tail)],
                           {}, "", [0], 1, "alice")
@@ -90,14 +90,16 @@ async def test_root_agent_runs_the_job_as_its_user(tmp_path: Path) -> None:
         nobody = pwd.getpwnam("nobody")
     except KeyError:
         pytest.skip("no user 'nobody' on this machine")
-    s = ContainerSupervisor("node-u", tmp_path / "state", run_as=RunAsMode.USER)
+    # mTLS: the job's user (from its token) is honoured; nobody's uid 65534 passes the checks.
+    s = ContainerSupervisor("node-u", tmp_path / "state", run_as=RunAsPolicy(RunAsMode.USER, secure=True))
     try:
         rec = await s.start("c-user", "job-1", LEARNER, ["/bin/sh", "-c", "id -u; id -g; echo $HOME $USER"], {},
                             "/", [], 1, "nobody")
         rec = await asyncio.wait_for(s.wait_ended("c-user"), WAIT)
         assert (rec.state, rec.exit_code, rec.run_as) == (pb.CONTAINER_EXITED, 0, "nobody")
         out = s.read_log("c-user", 0, 4096).data.decode().split("\n")
-        assert out[:3] == [str(nobody.pw_uid), str(nobody.pw_gid), f"{nobody.pw_dir} nobody"]
+        home = nobody.pw_dir if os.path.isdir(nobody.pw_dir) else str(s.containers_dir / "c-user" / "work")
+        assert out[:3] == [str(nobody.pw_uid), str(nobody.pw_gid), f"{home} nobody"]
         bad = await s.start("c-nouser", "job-1", LEARNER, ["/bin/true"], {}, "", [], 1, "no-such-user-x")
         assert bad.state == pb.CONTAINER_FAILED_TO_START and bad.infra_failure
         assert "user 'no-such-user-x' does not exist on this node" in bad.diagnostics

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import signal
@@ -54,6 +55,18 @@ def test_demo_jobs_get_distinct_gpus_and_the_right_environment(cluster: DevClust
         overlap = a["node"] == b["node"] and a["start_ms"] < b["end_ms"] and b["start_ms"] < a["end_ms"]  # type: ignore[operator]
         if overlap:
             assert not set(a["gpu_indices"]) & set(b["gpu_indices"]), (a, b)  # type: ignore[call-overload]
+
+
+def test_jobs_run_as_the_user_the_dev_cluster_names_never_root(cluster: DevCluster) -> None:
+    expected = "nobody" if os.geteuid() == 0 else getpass.getuser()
+    assert f"jobs run as: {expected}" in cluster.log_text()
+    job_id = cluster.submit("--gpus", "1", "--", "sh", "-c", "id -un; id -u")
+    job = cluster.wait_job(job_id, timeout=60)
+    assert job.state == pb.JOB_SUCCEEDED, job.diagnostics
+    name, uid = cluster.gpurm("logs", job_id).out.split()[:2]
+    assert name == expected and uid != "0"
+    # the AM and the learner alike, by the agents' own records
+    assert {r["run_as"] for r in agent_records(cluster.state_dir) if str(r["job_id"]) == job_id} == {expected}
 
 
 def test_a_command_that_exits_3_fails_with_code_3(cluster: DevCluster) -> None:

@@ -53,9 +53,9 @@ class CA:
                  "-addext", "basicConstraints=critical,CA:TRUE",
                  "-addext", "keyUsage=critical,keyCertSign,cRLSign")
 
-    def issue(self, cn: str) -> dict[str, str]:
+    def issue(self, cn: str, stem: str = "") -> dict[str, str]:
         """A certificate for CN `cn` (client and server use; names 127.0.0.1 and localhost): a `tls:` section."""
-        stem = self.folder / cn.replace(":", "_")
+        stem = self.folder / (stem or cn.replace(":", "_"))
         key, csr, cert, ext = (stem.with_suffix(s) for s in (".key", ".csr", ".pem", ".ext"))
         ext.write_text("basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n"
                        "keyUsage=critical,digitalSignature,keyEncipherment\n"
@@ -71,16 +71,22 @@ class CA:
 class Certs:
     rm: dict[str, str]
     agent: dict[str, str]
+    am: dict[str, str]         # the client certificate the agent hands its AMs (am_tls)
     alice: dict[str, str]
     bob: dict[str, str]
     stranger: dict[str, str]   # alice's name, signed by another CA
+
+
+def am_cert(ca: CA) -> dict[str, str]:
+    """The AMs' own certificate (am_tls): a separate key from the node's, CN am:<name>."""
+    return ca.issue("am:cluster", stem="am-cert")
 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     base = tmp_path_factory.mktemp("pki")
     ca, other = CA(base / "ca", "gpurm-test-ca"), CA(base / "other", "other-ca")
-    return Certs(rm=ca.issue("rm"), agent=ca.issue(f"node:{NODE}"), alice=ca.issue("alice"),
+    return Certs(rm=ca.issue("rm"), agent=ca.issue(f"node:{NODE}"), am=am_cert(ca), alice=ca.issue("alice"),
                  bob=ca.issue("bob"), stranger=other.issue("alice"))
 
 
@@ -99,8 +105,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, broker: TestBroker, certs:
     work = tmp_path_factory.mktemp("tls")
     rm = RMProcess(work / "rm", broker, heartbeat="500ms", client_tls=as_tls(certs.alice), tls=certs.rm,
                    admins=["alice"])
-    # run_as agent: alice and bob are no accounts on this machine
-    agent = AgentProcess(work / "agent", rm, NODE, containers={"run_as": "agent"}, tls=certs.agent)
+    # alice and bob are no accounts on this machine: a root agent runs every job as nobody (containers.local_user)
+    # and hands the AMs their own certificate (am_tls); an agent that is not root runs them as itself.
+    root = os.geteuid() == 0
+    agent = AgentProcess(work / "agent", rm, NODE, containers={"local_user": "nobody"} if root else {},
+                         tls=certs.agent, **({"am_tls": {"cert": certs.am["cert"], "key": certs.am["key"]}}
+                                             if root else {}))
     try:
         agent.start()
         yield Cluster(rm, agent)

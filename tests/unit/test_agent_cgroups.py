@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import pwd
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ import pytest
 from gpurm.nodeagent.cgroups import CgroupManager, CgroupMode, Limits, find_cgroup2_mount, share_limits
 from gpurm.nodeagent.config import ConfigError, load_agent_config, parse_size
 from gpurm.nodeagent.containers import ContainerSupervisor
-from gpurm.nodeagent.identity import RunAsMode, UnknownUserError, resolve_run_as, startup_note
+from gpurm.nodeagent.identity import RunAsMode
 from gpurm.nodeagent.logfiles import LOG_FILE, LogWriter, logical_size, read_range
 
 MIB = 1024 * 1024
@@ -99,45 +98,6 @@ def test_find_cgroup2_mount(tmp_path: Path) -> None:
     info.write_text("36 30 0:31 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n")
     assert find_cgroup2_mount(info) is None
     assert find_cgroup2_mount(tmp_path / "missing") is None
-
-
-# ---------------------------------------------------------------- whom a container runs as
-
-def passwd(name: str, uid: int, gid: int, home: str = "/home/x") -> pwd.struct_passwd:
-    return pwd.struct_passwd((name, "x", uid, gid, "", home, "/bin/sh"))
-
-
-def lookup(name: str) -> pwd.struct_passwd:
-    if name == "alice":
-        return passwd("alice", 1001, 1001, "/home/alice")
-    raise KeyError(name)
-
-
-def groups(name: str, gid: int) -> list[int]:
-    return [gid, 27, gid, 998]
-
-
-def test_root_agent_runs_the_container_as_its_user() -> None:
-    who = resolve_run_as("alice", RunAsMode.USER, agent_uid=0, getpwnam=lookup, getgrouplist=groups)
-    assert who.switches
-    assert (who.user, who.uid, who.gid, who.groups, who.home) == ("alice", 1001, 1001, (27, 998, 1001),
-                                                                  "/home/alice")
-
-
-def test_root_agent_refuses_an_unknown_or_missing_user() -> None:
-    with pytest.raises(UnknownUserError, match="user 'mallory' does not exist on this node"):
-        resolve_run_as("mallory", RunAsMode.USER, agent_uid=0, getpwnam=lookup, getgrouplist=groups)
-    with pytest.raises(UnknownUserError, match="names no user"):
-        resolve_run_as("", RunAsMode.USER, agent_uid=0, getpwnam=lookup, getgrouplist=groups)
-
-
-def test_a_non_root_agent_or_run_as_agent_never_switches() -> None:
-    for mode, uid in ((RunAsMode.USER, 1000), (RunAsMode.AGENT, 0), (RunAsMode.AGENT, 1000)):
-        who = resolve_run_as("mallory", mode, agent_uid=uid, getpwnam=lookup, getgrouplist=groups)
-        assert not who.switches and who.uid is None and who.groups is None
-    assert "not root" in startup_note(RunAsMode.USER, agent_uid=1000)
-    assert "submitting user" in startup_note(RunAsMode.USER, agent_uid=0)
-    assert "run_as: agent" in startup_note(RunAsMode.AGENT, agent_uid=0)
 
 
 # ---------------------------------------------------------------- config

@@ -83,9 +83,11 @@ def test_unknown_fields_and_wrong_shapes(tmp_path: Path, pki: Path) -> None:
 
 def test_the_agent_config_takes_the_same_section(tmp_path: Path, pki: Path) -> None:
     path = tmp_path / "agent.yaml"
-    path.write_text("gpus: {fake: 2}\nmemory_mib: 1000\ntls: {ca: pki/ca.pem, cert: pki/rm.pem, key: pki/rm-key.pem}\n")
+    path.write_text("gpus: {fake: 2}\nmemory_mib: 1000\ntls: {ca: pki/ca.pem, cert: pki/rm.pem, key: pki/rm-key.pem}\n"
+                    "am_tls: {cert: pki/rm.pem, key: pki/rm-key.pem}\n")   # am_tls: required of a root agent
     cfg = load_agent_config(path, environ={})
     assert cfg.tls is not None and cfg.tls.cert == pki / "rm.pem"
+    assert cfg.am_tls is not None and (cfg.am_tls.ca, cfg.am_tls.key) == (pki / "ca.pem", pki / "rm-key.pem")
     path.write_text("gpus: {fake: 2}\nmemory_mib: 1000\ntls: {cert: pki/rm.pem}\n")
     got = problems(lambda: load_agent_config(path, environ={}))
     assert "tls.ca: is required with tls.cert (ca, cert and key go together)" in got
