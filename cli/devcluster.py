@@ -143,7 +143,7 @@ class DevCluster:
             adir = self.state_dir / "agents" / node
             adir.mkdir(parents=True, exist_ok=True)
             secret = write_secret_file(adir / "node.secret", keys.node_key(node).secret.hex())
-            cfg = {
+            cfg: dict[str, Any] = {
                 "node_id": node, "host": "127.0.0.1", "listen": "127.0.0.1:0", "rm": self.address, "rack": rack,
                 "state_dir": str(adir), "node_secret_file": str(secret),
                 "gpus": {"fake": a.gpus_per_node, "model": "H100-80GB", "memory_mib": 81559,

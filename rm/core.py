@@ -621,10 +621,12 @@ class RMCore:
             job.waiting_reason = reason
             self._job_changed(job)
 
-    def am_launch_failed(self, container_id: str, reason: str, now: float, agent_unreachable: bool = False) -> None:
+    def am_launch_failed(self, container_id: str, reason: str, now: float, agent_unreachable: bool = False,
+                         job_fault: bool = False) -> None:
         """The shell could not start an AM container (agent unreachable, refused the token ...). An unreachable
         agent is the node's fault, not the job's: the node gets no AM until it is heard from again, and the
-        failure does not count against the job's AM launch retries."""
+        failure does not count against the job's AM launch retries. `job_fault`: the agent refused the job itself
+        (its user may not run there): the job fails at once, no retry can help."""
         c = self.containers.get(container_id)
         if c is None or not c.phase.live:
             return
@@ -637,7 +639,7 @@ class RMCore:
             job = self.jobs.get(c.job_id)
             if job is not None and not job.state.terminal:
                 job.am_launch_failures -= 1      # _am_ended counts it; this one was not the job's doing
-        self._complete(c, ExitStatus(ExitKind.FAILED_TO_START, diagnostics=reason, infra=True), now)
+        self._complete(c, ExitStatus(ExitKind.FAILED_TO_START, diagnostics=reason, infra=not job_fault), now)
 
     def _am_ended(self, job: Job, c: Container, now: float) -> None:
         if job.am_container == c.container_id:
@@ -648,6 +650,9 @@ class RMCore:
         if job.state.terminal or job.final_reported:
             return
         if c.attempt not in job.am_registered:
+            if c.exit.kind is ExitKind.FAILED_TO_START and not c.exit.infra:
+                self._fail_job(job, f"its AM could not start: {c.exit.describe()}", now, FailureKind.AM)
+                return
             job.am_launch_failures += 1
             if job.am_launch_failures >= self.settings.am_launch_retries:
                 self._fail_job(job, f"could not start the AM {job.am_launch_failures} times; last: "
@@ -772,7 +777,9 @@ class RMCore:
                 self._update_learner(c)
             return None
         if r.state == "FAILED_TO_START":
-            exit_status = ExitStatus(ExitKind.FAILED_TO_START, diagnostics=r.diagnostics, infra=True)
+            # An AM the agent refused for the job's own sake (its user may not run there) is the job's fault.
+            infra = r.infra_failure or c.kind is not ContainerKind.AM
+            exit_status = ExitStatus(ExitKind.FAILED_TO_START, diagnostics=r.diagnostics, infra=infra)
         elif r.state == "LOST":
             exit_status = ExitStatus(ExitKind.LOST, diagnostics=r.diagnostics, infra=True)
         else:

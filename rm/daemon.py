@@ -276,11 +276,12 @@ class RMShell:
                                            launch=pb.LaunchContext(argv=[], env=env))
         stub = pbg.ContainerManagerStub(self.agent_channel(effect.node_id))
         failure = ""
-        unreachable = False
+        unreachable = job_fault = False
         try:
             reply = await stub.StartContainer(request, timeout=AGENT_CALL_TIMEOUT_S)
             if reply.status.state == pb.CONTAINER_FAILED_TO_START:
                 failure = reply.status.diagnostics or "failed to start"
+                job_fault = not reply.status.infra_failure
             else:
                 log.info("AM %s of %s started on %s (pid %d)", c.container_id, effect.job_id, effect.node_id,
                          reply.status.pid)
@@ -291,7 +292,8 @@ class RMShell:
             log.warning("could not start AM %s: %s", c.container_id, failure)
             try:
                 with self.mutation():
-                    self.core.am_launch_failed(c.container_id, failure, time.time(), agent_unreachable=unreachable)
+                    self.core.am_launch_failed(c.container_id, failure, time.time(), agent_unreachable=unreachable,
+                                               job_fault=job_fault)
             except RequestError as exc:   # the store refuses writes: the AM's start timeout catches it later
                 log.warning("AM %s launch failure not recorded: %s", c.container_id, exc.message)
 

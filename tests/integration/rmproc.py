@@ -11,6 +11,7 @@ import contextlib
 import getpass
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -270,7 +271,11 @@ class AgentProcess:
         self.config = workdir / "agent.yaml"
         workdir.mkdir(parents=True, exist_ok=True)
         if "tls" not in settings and "node_secret" not in settings and "node_secret_file" not in settings:
-            settings["node_secret_file"] = str(rm.write_node_secret(node_id, workdir / "node.secret"))
+            secret = rm.write_node_secret(node_id, workdir / "node.secret")
+            if run_as_user:   # the agent's own account must read its secret (still 0600)
+                account = pwd.getpwnam(run_as_user)
+                os.chown(secret, account.pw_uid, account.pw_gid)
+            settings["node_secret_file"] = str(secret)
         self.config.write_text(yaml.safe_dump({
             "node_id": node_id, "listen": "127.0.0.1:0", "rm": rm.address, "rack": rack, "ib_domain": ib_domain,
             "cpus": 8, "memory_mib": 64000, "state_dir": str(self.state), "gpus": gpus or {"fake": 2},

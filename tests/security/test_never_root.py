@@ -112,7 +112,7 @@ def test_a_token_naming_root_or_a_system_user_gets_a_failed_container(secure: Se
 
 def test_a_job_submitted_with_roots_certificate_fails_with_the_diagnostic(secure: Secure, tmp_path: Path) -> None:
     """The whole path: a user whose certificate says root submits; the RM asks the agent for an AM as root, the
-    agent refuses every attempt, and the job fails saying why (no AM, no learner ever ran)."""
+    agent refuses, and the job fails at once saying why (no AM, no learner ever ran; no retry can help)."""
     box = drop_box(tmp_path / "box")
     with tls.channel(secure.rm.address, load_tls(secure.ca.issue("root"))) as channel:
         spec = pb.JobSpec(name="as-root", gpus=1, command=["/bin/sh", "-c", uid_script(box, "uid")])
@@ -121,6 +121,7 @@ def test_a_job_submitted_with_roots_certificate_fails_with_the_diagnostic(secure
     job = secure.rm.wait_job(reply.job_id, timeout=60)
     assert (job.user, job.state) == ("root", pb.JOB_FAILED)
     assert "user 'root' (uid 0) is root" in job.diagnostics, job.diagnostics
+    assert job.diagnostics.startswith("its AM could not start"), job.diagnostics
     assert not (box / "uid").exists()
     assert not list((secure.agent.state / "containers").glob(f"{reply.job_id}-*/work/*"))
 
