@@ -56,7 +56,8 @@ def run(node: Node, script: str) -> tuple[str, Path]:
     cdir = node.agent.state / "containers" / cid
 
     def ended() -> bool | None:
-        reply = node.agent.manager.GetContainerStatus(pb.ContainerStatusRequest(container_ids=[cid]), timeout=10)
+        reply = node.agent.manager.GetContainerStatus(
+            pb.ContainerStatusRequest(tokens=[node.agent.token(cid, "job-pf")]), timeout=10)
         return reply.statuses[0].state == pb.CONTAINER_EXITED or None
 
     poll(ended, WAIT, f"container {cid} did not end")
@@ -80,7 +81,8 @@ def test_state_and_container_files_are_private(node: Node) -> None:
     # The default working directory is the container's work/, owned by the job's user.
     assert mode_owner(cdir / "work" / "mine")[1] == "nobody"
     # The agent (root) still reads the log for ReadLog.
-    log = node.agent.manager.ReadLog(pb.ReadLogRequest(container_id=cid, max_bytes=4096), timeout=10)
+    log = node.agent.manager.ReadLog(pb.ReadLogRequest(
+        container_id=cid, max_bytes=4096, token=node.agent.token(cid, "job-pf", purpose=pb.TOKEN_READ_LOG)), timeout=10)
     assert log.data.decode().split("\n")[:2] == ["secret-output", str(cdir / "work")]
 
 
@@ -108,7 +110,8 @@ def test_symlinks_a_job_plants_in_its_dir_are_never_followed_by_the_agent(node: 
               f"echo x > /dev/null")
     cid, cdir = run(node, script)
     assert os.path.islink(cdir / "output.log")
-    log = node.agent.manager.ReadLog(pb.ReadLogRequest(container_id=cid, max_bytes=4096), timeout=10)
+    log = node.agent.manager.ReadLog(pb.ReadLogRequest(
+        container_id=cid, max_bytes=4096, token=node.agent.token(cid, "job-pf", purpose=pb.TOKEN_READ_LOG)), timeout=10)
     assert b"secret" not in log.data
     assert written.read_text() == "untouched\n"
     assert mode_owner(cdir / "record.json") == (0o600, "root")
