@@ -329,7 +329,8 @@ def am_token_from_node_key(c: Cluster) -> Result:
     victim = c.victim()
     forged = am_token(c.node_secret(c.nodes()[0]).secret, victim.job_id, victim.am_attempt,
                       int(time.time() * 1000) + 60_000)
-    with c.channel(c.node_tls(c.nodes()[0])) as ch:
+    # mTLS: a node's owner also holds the AM certificate its agent hands out, so the token is what is tested.
+    with c.channel(c.am_tls()) as ch:
         am = pbg.ApplicationMasterStub(ch)
         codes = [_code(lambda: am.Allocate(pb.AllocateRequest(job_id=victim.job_id, am_attempt=victim.am_attempt,
                                                               releases=[x.container_id for x in
