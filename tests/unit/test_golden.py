@@ -1,0 +1,71 @@
+"""The golden check: refactoring the RM core (or compiling it) must not change a single scheduling decision.
+
+Each case replays the shared Philly window (2017-10-03 to 10-05, 2,641 jobs) through the simulator, which runs
+the RM's own policy code: the policies on a 128-GPU cluster (2 racks x 8 servers x 8 GPUs), loaded enough to
+queue and preempt (thousands of preemptions), and failure injection on the real machine list. It compares the summary (less its wall time) and every job's row
+(start, finish, attempts, preemptions, servers, GPU-seconds) with what was recorded in tests/data/golden/.
+
+A change that is meant to change decisions re-records them, and the diff of the recorded files shows what moved:
+
+    GPURM_GOLDEN_UPDATE=1 .venv/bin/python -m pytest tests/unit/test_golden.py
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gpurm.queues.tree import Policy
+from gpurm.sim.run import SimRequest, run
+from tests.conftest import philly_data
+
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
+WINDOW = ("2017-10-03", "2017-10-05")
+SMALL = "2x8x8"
+CASES = {
+    "fifo": (Policy.FIFO, 0.0, SMALL),
+    "las": (Policy.LAS, 0.0, SMALL),
+    "srtf": (Policy.SRTF, 0.0, SMALL),
+    "las-failures": (Policy.LAS, 0.5, ""),   # infrastructure failures (retries, back-off) on the machine list
+}
+UNSTABLE = ("wall_s",)                       # how long the replay took, not what it decided
+
+
+def replay(name: str, out: Path) -> tuple[dict[str, object], list[dict[str, str]]]:
+    policy, failures, cluster = CASES[name]
+    run(SimRequest(trace=philly_data("jobs-2017-10-02_to_10-15.csv"), fmt="philly-csv",
+                   cluster=cluster or str(philly_data("cluster_machine_list")), out=out, policy=policy, window=WINDOW,
+                   failures_per_1000_gpu_h=failures, seed=7, plots=False))
+    summary = json.loads((out / "summary.json").read_text())
+    for key in UNSTABLE:
+        summary.pop(key, None)
+    with (out / "jobs.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    return summary, rows
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_replay_decisions_are_unchanged(name: str, tmp_path: Path) -> None:
+    summary, rows = replay(name, tmp_path)
+    summary_file, jobs_file = GOLDEN / f"{name}.summary.json", GOLDEN / f"{name}.jobs.csv.gz"
+    if os.environ.get("GPURM_GOLDEN_UPDATE"):
+        GOLDEN.mkdir(parents=True, exist_ok=True)
+        summary_file.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+        with gzip.open(jobs_file, "wt", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        pytest.skip(f"recorded {name}")
+    assert summary_file.exists(), f"no golden record for {name}: run with GPURM_GOLDEN_UPDATE=1 once"
+    with gzip.open(jobs_file, "rt", newline="") as f:
+        want_rows = list(csv.DictReader(f))
+    assert len(rows) == len(want_rows)
+    moved = [(want, got) for want, got in zip(want_rows, rows, strict=True) if want != got]
+    assert not moved, (f"{len(moved)} of {len(rows)} jobs were scheduled differently; the first:\n"
+                       f"  recorded {moved[0][0]}\n  now      {moved[0][1]}")
+    assert summary == json.loads(summary_file.read_text())
