@@ -2,8 +2,9 @@
 
 Each case replays the shared Philly window (2017-10-03 to 10-05, 2,641 jobs) through the simulator, which runs
 the RM's own policy code: the policies on a 128-GPU cluster (2 racks x 8 servers x 8 GPUs), loaded enough to
-queue and preempt (thousands of preemptions), and failure injection on the real machine list. It compares the summary (less its wall time) and every job's row
-(start, finish, attempts, preemptions, servers, GPU-seconds) with what was recorded in tests/data/golden/.
+queue and preempt (thousands of preemptions), and failure injection on the real machine list. It compares the
+summary (less its wall time) and every job's row (start, finish, attempts, preemptions, servers, GPU-seconds)
+with what was recorded in tests/data/golden/; the interpreted and the compiled build agree.
 
 A change that is meant to change decisions re-records them, and the diff of the recorded files shows what moved:
 
