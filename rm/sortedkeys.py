@@ -3,7 +3,9 @@
 The RM and the simulator keep small ordered indexes (nodes by free GPUs, queues by neediness, jobs waiting for an
 AM, idle AMs by rank) that change on every event. At their sizes (up to a few thousand keys) an insertion that
 moves pointers in C costs less than sortedcontainers' pure-Python bookkeeping, and this module is compiled with
-the hot paths (see native/).
+the hot paths (see native/). scripts/bench/sorted_index measures both: 1.7-1.9x faster up to 1,000 keys, 0.86x at
+10,000 and 0.2x at 100,000 (list insertion is O(n)), so an index that grows past ~5,000 keys wants
+sortedcontainers.
 """
 
 from __future__ import annotations

@@ -25,3 +25,8 @@ def test_scheduler_core_runs() -> None:
 def test_sim_speed_runs() -> None:
     out = run("sim_speed.py", "--jobs", "300", "--policy", "fifo")
     assert "== fifo:" in out and "bare heap loop" in out
+
+
+def test_sorted_index_runs() -> None:
+    out = run("sorted_index.py", "--sizes", "10,100", "--events", "200")
+    assert "SortedList" in out and "ratio" in out and "raw limit" in out
