@@ -12,12 +12,13 @@ from __future__ import annotations
 import enum
 import heapq
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gpurm.queues.tree import Policy, QueueTree, acl_allows, default_tree
+from gpurm.queues.tree import QueueTree, acl_allows, default_tree
 from gpurm.rm import preemption, priority
 from gpurm.rm.cluster import Cluster, GpuRecord, Node, NodeState
+from gpurm.rm.inqueue import InQueuePreemption
 from gpurm.rm.jobspec import JobSpec
 from gpurm.rm.model import (
     Attempt,
@@ -34,6 +35,7 @@ from gpurm.rm.model import (
 from gpurm.rm.queuebook import QueueBook
 from gpurm.rm.scheduler import App, Ask, Grant, Scheduler, subtract_grants
 from gpurm.rm.sortedkeys import SortedKeys
+from gpurm.rm.standing import Standings
 
 log = logging.getLogger(__name__)
 
@@ -179,24 +181,6 @@ class AllocateResult:
 
 
 @dataclass
-class InQueueLook:
-    """What preempt_in_queue last found in one queue. Its answer can change only through the jobs changed since
-    (`dirty`), jobs whose rank or age moves with the clock (`timers`: when, job), and, when it found outranking
-    jobs but no room for them (`stuck`), GPUs coming idle."""
-
-    worst: tuple[float, float] | None       # the worst rank of a running job old enough to be preempted
-    best: tuple[float, float] | None        # the best rank of a waiting job (STARVED once starved)
-    timers: list[tuple[float, str]]         # a heap: a young job grown old enough, a rank crossing a level,
-                                            # a waiting job starving
-    stuck: tuple[int, list[int]] | None = None   # the cluster's shape version and idle GPUs per server then
-    dirty: dict[str, None] = field(default_factory=dict)
-
-    def quiet_at(self, now: float) -> bool:
-        """No timer has come due."""
-        return not self.timers or self.timers[0][0] > now
-
-
-@dataclass
 class AppState:
     """The RM's side of one running AM."""
 
@@ -268,17 +252,11 @@ class RMCore:
         self.next_container_seq = 1
         self.recovered_at = 0.0     # when this RM (re)started: AMs and grants older than that get a fresh clock
         self.dirty = Dirty()
-        # Caches for `standing` (ranking las / srtf jobs is asked for often): per job, (GPUs, started) of its
-        # started live learners, dropped whenever one of its containers starts, is added or ends; and the Standing
-        # of a job that runs nothing, which only changes with its attained service and idle time.
-        self._runs: dict[str, tuple[tuple[int, float], ...]] = {}
-        self._idle_standing: dict[str, tuple[tuple[float, float, float, float], priority.Standing]] = {}
-        self._idle_rank: dict[str, tuple[Policy, priority.Standing, tuple[float, float, int], float]] = {}
-        # What in-queue preemption last found per queue, and the jobs changed since (an AM comes or goes, learners
-        # come, start or go, a job is preempted, its locality level moves): see preempt_in_queue.
-        self._inqueue_looks: dict[str, InQueueLook] = {}
-        self._rooms_cache: tuple[int, list[tuple[str, str, int]]] | None = None
-        self._run_rank: dict[str, tuple[tuple[tuple[int, float], ...], Policy, tuple[float, float], float, float]] = {}
+        # Where jobs stand for las / srtf (cached), and in-queue preemption (each queue's last look).
+        self.standings = Standings(self.live_by_job)
+        self.inqueue = InQueuePreemption(self.cluster, self.queues, self.scheduler, self.standings, self.jobs,
+                                         self.live_by_job, self.learners_live, self.with_am_by_queue, self.nudged,
+                                         self.settings.inqueue_min_run_s, self._preempt_job)
 
     # ------------------------------------------------------------ bookkeeping helpers
 
@@ -329,8 +307,7 @@ class RMCore:
     def _runs_changed(self, job_id: str) -> None:
         """A job's learners came, started or went: drop its cached runs, and look at its queue's in-queue ranks
         again (see preempt_in_queue)."""
-        self._runs.pop(job_id, None)
-        self._idle_rank.pop(job_id, None)     # its service, idle time or promotion may be about to change
+        self.standings.runs_changed(job_id)
         job = self.jobs.get(job_id)
         if job is not None:
             self._inqueue_touch(job)
@@ -369,9 +346,7 @@ class RMCore:
 
     def _inqueue_touch(self, job: Job) -> None:
         """The job's rank, run or locality level changed: its queue's next in-queue look must weigh it."""
-        look = self._inqueue_looks.get(job.queue)
-        if look is not None:
-            look.dirty[job.job_id] = None
+        self.inqueue.touch(job)
 
     def _am_up(self, job: Job) -> None:
         self.with_am[job.job_id] = None
@@ -500,9 +475,7 @@ class RMCore:
         job.exit_code = exit_code
         job.waiting_reason = ""
         self.queues.want(job.queue, -job.spec.gpus)
-        self._idle_standing.pop(job.job_id, None)
-        self._idle_rank.pop(job.job_id, None)
-        self._run_rank.pop(job.job_id, None)
+        self.standings.forget(job.job_id)
         if job.admitted:
             self.queues.activate(job.queue, -1)
         self._drop_am_wish(job)
@@ -1108,7 +1081,7 @@ class RMCore:
         waiting_before = self.queues.waiting(self.queues.shares(self.cluster.capacity)) if targeted else set()
         if self._ranked:
             for app in apps:
-                app.standing = self.standing(self.jobs[app.job_id], now)
+                app.standing = self.standings.standing(self.jobs[app.job_id], now)
         grants = self.scheduler.schedule(apps, self._new_container_id, now, self._reserved(now))
         for app in apps:
             if not app.asks:
@@ -1326,229 +1299,17 @@ class RMCore:
         self._job_changed(job)
 
     def standing(self, job: Job, now: float) -> priority.Standing:
-        runs = self._runs.get(job.job_id)
-        if runs is None:
-            runs = self._runs[job.job_id] = tuple(
-                (c.gpus, c.started) for c in self.live_by_job.get(job.job_id, {}).values()
-                if c.kind is ContainerKind.LEARNER and c.started)
-        if not runs:
-            # Running nothing: its standing does not change with the clock (shared; nobody mutates a Standing).
-            key = (job.attained_gpu_s, job.idle_since, job.expected_gpu_s, job.las_base_gpu_s)
-            cached = self._idle_standing.get(job.job_id)
-            if cached is not None and cached[0] == key:
-                return cached[1]
-            attained = job.attained_gpu_s
-            served = attained - job.las_base_gpu_s
-            s = priority.Standing(
-                job.job_id, job.seq, job.spec.gpus, attained_gpu_s=served,
-                executed_s=served / max(job.spec.gpus, 1), waiting_since=job.idle_since,
-                remaining_gpu_s=max(0.0, job.expected_gpu_s - attained), running_since=-1.0)
-            self._idle_standing[job.job_id] = (key, s)
-            return s
-        attained = job.attained_gpu_s + sum(g * (now - started) for g, started in runs)
-        served = attained - job.las_base_gpu_s
-        return priority.Standing(
-            job.job_id, job.seq, job.spec.gpus, attained_gpu_s=served, executed_s=served / max(job.spec.gpus, 1),
-            waiting_since=job.idle_since, remaining_gpu_s=max(0.0, job.expected_gpu_s - attained),
-            running_since=min(started for _, started in runs))
-
-    def _room_shapes(self) -> list[tuple[str, str, int]]:
-        """(server, domain, GPUs offered) of the servers on offer, cached until nodes or health change."""
-        cluster = self.cluster
-        if self._rooms_cache is None or self._rooms_cache[0] != cluster.shape_version:
-            self._rooms_cache = (cluster.shape_version, [(n.node_id, n.ib_domain or n.rack, n.healthy_gpus)
-                                                         for n in cluster.nodes.values() if n.offering])
-        return self._rooms_cache[1]
-
-    def _rooms(self) -> list[priority.Room]:
-        """The servers as in-queue preemption sees them."""
-        free = self.cluster.free
-        return [priority.Room(node_id, domain, size, free(node_id)) for node_id, domain, size in self._room_shapes()]
-
-    def _idle_on(self) -> list[int]:
-        """Idle GPUs per server, in `_rooms` order (valid while the shape version stays)."""
-        free = self.cluster.free
-        return [free(node_id) for node_id, _, _ in self._room_shapes()]
+        return self.standings.standing(job, now)
 
     def _being_preempted(self) -> set[str]:
         return {self.containers[cid].job_id for cid in self.preempting}
 
-    def _waiting_rank(self, job: Job, policy: Policy) -> tuple[priority.Standing, tuple[float, float, int], float]:
-        """A job running nothing: its Standing, its rank, and when it starts to rank as starved (cached: none of
-        them changes until its learners change, which drops the entry)."""
-        cached = self._idle_rank.get(job.job_id)
-        if cached is not None and cached[0] is policy:
-            return cached[1:]
-        s = self.standing(job, 0.0)
-        key, starve_at = priority.waiting_rank(policy, s)
-        self._idle_rank[job.job_id] = (policy, s, key, starve_at)
-        return s, key, starve_at
-
-    def _running_rank(self, job: Job, policy: Policy, now: float) -> tuple[tuple[float, float], float, float]:
-        """A running job: (its rank without the submit order, the earliest time that may worsen, when its run
-        started; -1 if none started). Cached while its learners stay as they are, until that time. (An srtf rank
-        only improves as the job runs, so an older one is a safe bound.)"""
-        runs = self._runs.get(job.job_id)
-        cached = self._run_rank.get(job.job_id)
-        if cached is not None and runs is not None and cached[0] is runs and cached[1] is policy \
-                and now < cached[3]:
-            return cached[2], cached[3], cached[4]
-        s = self.standing(job, now)
-        if s.running_since < 0:
-            return (0.0, 0.0), float("inf"), -1.0
-        k = priority.rank(policy, now)(s)
-        out = ((k[0], k[1]), priority.rank_changes_at(policy, s, now), s.running_since)
-        self._run_rank[job.job_id] = (self._runs[job.job_id], policy, *out)
-        return out
-
     def preempt_in_queue(self, now: float) -> list[tuple[str, str]]:
-        """Tiresias-style: inside a leaf with a preemptive policy (las, srtf), a waiting job that outranks
-        running ones takes their GPUs. Off unless `settings.inqueue_preemption` (the simulator's las / srtf).
-
-        The simulator asks this every half minimum run while jobs wait, so each queue keeps what its last look
-        found (InQueueLook): most calls end there, or after ranking just the jobs that changed since."""
+        """Tiresias-style preemption inside las / srtf leaves (rm/inqueue.py); off unless
+        `settings.inqueue_preemption`."""
         if not self.settings.inqueue_preemption:
             return []
-        busy = self._being_preempted()
-        idle = self.cluster.free_gpus
-        servers: list[priority.Room] | None = None
-        out: list[tuple[str, str]] = []
-        idle_on: list[int] | None = None
-        for queue, members in self.with_am_by_queue.items():
-            if not members:
-                continue
-            leaf = self.queues.tree.by_path.get(queue)
-            if leaf is None:
-                continue
-            policy = self.scheduler.policy_of(leaf)
-            if not priority.preemptive(policy):
-                continue
-            look = self._inqueue_looks.get(queue)
-            if look is not None:
-                if look.stuck is None and self._still_quiet(look, members, policy, busy, now):
-                    continue
-                if look.stuck is not None and not look.dirty and look.quiet_at(now):
-                    if idle_on is None:
-                        idle_on = self._idle_on()
-                    shape, before = look.stuck
-                    if shape == self.cluster.shape_version \
-                            and all(a <= b for a, b in zip(idle_on, before, strict=True)):
-                        continue             # no GPU came idle anywhere: still no room for any of them
-            self._inqueue_looks.pop(queue, None)
-            look, old_enough, candidates = self._inqueue_scan(members, policy, busy, now)
-            if not candidates:
-                self._inqueue_looks[queue] = look
-                continue
-            if sum(s.gpus for s in candidates) <= idle:
-                for s in candidates:         # they all fit in the idle GPUs: their AMs are told to look now
-                    self.nudged[s.job_id] = None
-                continue
-            running = [self.standing(self.jobs[j], now) for j in old_enough]
-            if servers is None:
-                servers = self._rooms()
-            held: dict[str, dict[str, int]] = {}
-            for r in running:
-                where = held[r.job_id] = {}
-                for c in self.live_by_job.get(r.job_id, {}).values():
-                    if c.kind is ContainerKind.LEARNER:
-                        where[c.node_id] = where.get(c.node_id, 0) + c.gpus
-            levels: dict[str, str] = {}      # each beneficiary's locality level, as its AM last reported it
-            for w in candidates:
-                attempt = self.jobs[w.job_id].current_attempt
-                levels[w.job_id] = attempt.level if attempt is not None else ""
-            fits: list[str] = []
-            min_run = self.settings.inqueue_min_run_s
-            pairs = priority.in_queue_victims(policy, now, candidates, running, servers, held, min_run, levels, fits)
-            if not pairs and not fits:
-                # With fewer idle GPUs, and running jobs that rank the same or better, no room appears that was
-                # not there: only its jobs' changes, its timers or GPUs coming idle can change this answer. (This
-                # call's preemptions only set deadlines: the idle GPUs are still as they were.)
-                if idle_on is None:
-                    idle_on = self._idle_on()
-                look.stuck = (self.cluster.shape_version, idle_on)
-                self._inqueue_looks[queue] = look
-                continue
-            for job_id in fits:
-                self.nudged[job_id] = None
-            for _, b in pairs:
-                self.nudged[b] = None
-            for victim, beneficiary in pairs:
-                d = preemption.Decision(queue, [], f"outranked by {beneficiary} ({policy.value}) in its own queue")
-                self._preempt_job(self.jobs[victim], d, leaf.preemption.grace_s, now)
-            out.extend(pairs)
-        return out
-
-    def _inqueue_scan(self, members: Mapping[str, None], policy: Policy, busy: set[str],
-                      now: float) -> tuple[InQueueLook, list[str], list[priority.Standing]]:
-        """One queue's jobs ranked: what the look finds, the running jobs old enough to be preempted, and the
-        waiting jobs that outrank one of them."""
-        look = InQueueLook(None, None, [])
-        old_enough: list[str] = []
-        waiting: list[tuple[priority.Standing, tuple[float, float]]] = []
-        for job_id in members:
-            if job_id in busy:
-                continue
-            if job_id in self.learners_live:
-                if self._weigh_running(look, job_id, policy, now):
-                    old_enough.append(job_id)
-            else:
-                waiting.append(self._weigh_waiting(look, job_id, policy, now))
-        heapq.heapify(look.timers)
-        worst = look.worst
-        candidates = [] if worst is None else [s for s, r in waiting if r < worst]
-        return look, old_enough, candidates
-
-    def _weigh_running(self, look: InQueueLook, job_id: str, policy: Policy, now: float) -> bool:
-        """Fold a running job into `look` (timers unsorted); whether it is old enough to be preempted."""
-        rank2, changes_at, since = self._running_rank(self.jobs[job_id], policy, now)
-        if since < 0:
-            return False                     # a gang still being granted: nothing started to preempt
-        if changes_at != float("inf"):
-            look.timers.append((changes_at, job_id))
-        if now - since < self.settings.inqueue_min_run_s:
-            look.timers.append((since + self.settings.inqueue_min_run_s, job_id))
-            return False
-        if look.worst is None or rank2 > look.worst:
-            look.worst = rank2
-        return True
-
-    def _weigh_waiting(self, look: InQueueLook, job_id: str, policy: Policy,
-                       now: float) -> tuple[priority.Standing, tuple[float, float]]:
-        """Fold a waiting job into `look` (timers unsorted); its Standing and its rank now."""
-        s, k, starve_at = self._waiting_rank(self.jobs[job_id], policy)
-        if now <= starve_at and starve_at != float("inf"):
-            look.timers.append((starve_at, job_id))
-        r = priority.STARVED if now > starve_at else (k[0], k[1])
-        if look.best is None or r < look.best:
-            look.best = r
-        return s, r
-
-    def _still_quiet(self, look: InQueueLook, members: Mapping[str, None], policy: Policy, busy: set[str],
-                     now: float) -> bool:
-        """Whether, after a look that found no waiting job outranking a running one old enough to be preempted,
-        there is still none; if so the jobs changed since, and those whose timers came due, are folded into it.
-        Only they need ranking: the others rank as that look found them. A job that left can only have made the
-        worst running rank better and the best waiting rank worse, so the look errs towards looking again."""
-        timers = look.timers
-        while timers and timers[0][0] <= now:
-            look.dirty[heapq.heappop(timers)[1]] = None
-        if not look.dirty:
-            return True
-        trial = InQueueLook(look.worst, look.best, [])
-        for job_id in look.dirty:
-            if job_id not in members or job_id in busy:
-                continue                     # a full look would skip it too
-            if job_id in self.learners_live:
-                self._weigh_running(trial, job_id, policy, now)
-            else:
-                self._weigh_waiting(trial, job_id, policy, now)
-        if trial.worst is not None and trial.best is not None and trial.best < trial.worst:
-            return False
-        look.worst, look.best = trial.worst, trial.best
-        for t in trial.timers:
-            heapq.heappush(timers, t)
-        look.dirty.clear()
-        return True
+        return self.inqueue.run(self._being_preempted(), now)
 
     @property
     def _ranked(self) -> bool:
@@ -1610,7 +1371,7 @@ class RMCore:
         self.queues.replace_tree(tree)
         self._rebuild_queue_book()
         self.pass_due = True
-        self._inqueue_looks.clear()          # policies may have changed
+        self.inqueue.clear()                 # policies may have changed
         for app in self.apps.values():
             app.app.queue = self.jobs[app.app.job_id].queue
         return []
