@@ -10,13 +10,13 @@ store before it answers the request that changed them.
 from __future__ import annotations
 
 import enum
-import heapq
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpurm.queues.tree import QueueTree, acl_allows, default_tree
 from gpurm.rm import preemption, priority
+from gpurm.rm.amlaunch import AMLauncher
 from gpurm.rm.cluster import Cluster, GpuRecord, Node, NodeState
 from gpurm.rm.inqueue import InQueuePreemption
 from gpurm.rm.jobspec import JobSpec
@@ -34,7 +34,6 @@ from gpurm.rm.model import (
 )
 from gpurm.rm.queuebook import QueueBook
 from gpurm.rm.scheduler import App, Ask, Grant, Scheduler, subtract_grants
-from gpurm.rm.sortedkeys import SortedKeys
 from gpurm.rm.standing import Standings
 
 log = logging.getLogger(__name__)
@@ -221,11 +220,7 @@ class RMCore:
         self.live: dict[str, Container] = {}      # containers not yet ended (an index over containers)
         self.live_by_job: dict[str, dict[str, Container]] = {}   # the same, per job
         self.unstarted: dict[str, None] = {}      # learner grants not yet seen running
-        # Unfinished jobs without a running AM, per queue, in launch order: (restarts first, submit order).
-        self.needs_am: dict[str, SortedKeys[tuple[int, int, str]]] = {}
         self.live_ams: dict[str, dict[str, None]] = {}  # node -> its live AM containers
-        self.with_am: dict[str, None] = {}        # unfinished jobs whose AM container lives (ordered: determinism)
-        self.with_am_by_queue: dict[str, dict[str, None]] = {}   # the same, per queue
         self.learners_live: dict[str, int] = {}   # job id -> how many live learner containers it has (if any)
         self.preempting: dict[str, None] = {}     # live containers under a preemption deadline
         self.asking: dict[str, AppState] = {}     # apps with outstanding asks: what a scheduling pass looks at
@@ -252,10 +247,13 @@ class RMCore:
         self.next_container_seq = 1
         self.recovered_at = 0.0     # when this RM (re)started: AMs and grants older than that get a fresh clock
         self.dirty = Dirty()
+        # Which jobs want an AM or have one, and where the next AMs go.
+        self.ams = AMLauncher(self.cluster, self.queues, self.jobs, self.live_ams, self.settings.max_active_ams,
+                              self.settings.max_acquiring_per_queue, self._start_am)
         # Where jobs stand for las / srtf (cached), and in-queue preemption (each queue's last look).
         self.standings = Standings(self.live_by_job)
         self.inqueue = InQueuePreemption(self.cluster, self.queues, self.scheduler, self.standings, self.jobs,
-                                         self.live_by_job, self.learners_live, self.with_am_by_queue, self.nudged,
+                                         self.live_by_job, self.learners_live, self.ams.with_am_by_queue, self.nudged,
                                          self.settings.inqueue_min_run_s, self._preempt_job)
 
     # ------------------------------------------------------------ bookkeeping helpers
@@ -349,25 +347,13 @@ class RMCore:
         self.inqueue.touch(job)
 
     def _am_up(self, job: Job) -> None:
-        self.with_am[job.job_id] = None
-        self.with_am_by_queue.setdefault(job.queue, {})[job.job_id] = None
+        self.ams.up(job)
         self._inqueue_touch(job)
 
     def _am_gone(self, job: Job) -> None:
-        self.with_am.pop(job.job_id, None)
+        self.ams.gone(job)
         self.nudged.pop(job.job_id, None)
-        self.with_am_by_queue.get(job.queue, {}).pop(job.job_id, None)
         self._inqueue_touch(job)
-
-    def _want_am(self, job: Job) -> None:
-        key = (0 if job.admitted else 1, job.seq, job.job_id)
-        self.needs_am.setdefault(job.queue, SortedKeys()).add(key)
-
-    def _drop_am_wish(self, job: Job) -> None:
-        entries = self.needs_am.get(job.queue)
-        if entries is not None:
-            entries.discard((0, job.seq, job.job_id))
-            entries.discard((1, job.seq, job.job_id))
 
     def job_containers(self, job_id: str, live_only: bool = True) -> list[Container]:
         if live_only:
@@ -436,9 +422,9 @@ class RMCore:
         if submit_id:
             self.submit_ids[submit_id] = job.job_id
         self.queues.want(queue, spec.gpus)
-        self._want_am(job)
+        self.ams.want(job)
         self._job_changed(job)
-        self._launch_ams(now)
+        self.ams.launch(now)
         return job
 
     def may_kill(self, job: Job, user: str, groups: Iterable[str] = (), rm_admin: bool = False) -> bool:
@@ -478,7 +464,7 @@ class RMCore:
         self.standings.forget(job.job_id)
         if job.admitted:
             self.queues.activate(job.queue, -1)
-        self._drop_am_wish(job)
+        self.ams.drop(job)
         self._am_gone(job)
         app = self.apps.pop(job.job_id, None)
         self.asking.pop(job.job_id, None)
@@ -499,80 +485,12 @@ class RMCore:
 
     # ------------------------------------------------------------ AM launching
 
-    def _am_counts(self) -> tuple[int, dict[str, int]]:
-        """Jobs acquiring GPUs (an AM, not yet running): cluster-wide and per queue."""
-        active = 0
-        acquiring: dict[str, int] = {}
-        for job_id in self.with_am:
-            j = self.jobs[job_id]
-            if j.state in (JobState.QUEUED, JobState.ALLOCATING):
-                active += 1
-                acquiring[j.queue] = acquiring.get(j.queue, 0) + 1
-        return active, acquiring
-
-    def _launch_ams(self, now: float) -> None:
-        """Start AMs: a replacement AM for any admitted job whose AM ended (those hold their slot), then queued
-        jobs in submission order within the AM limits. Each queue's waiting jobs are kept sorted, so this touches
-        only the jobs it starts (plus one per queue that cannot start)."""
-        if not any(self.needs_am.values()):
-            return
-        nodes = [n for n in self.cluster.nodes.values() if n.offering and n.unreachable_since is None]
-        if not nodes:
-            return
-        # Counting the acquiring jobs walks every job with an AM; skip it when no limit can bind this call.
-        waiting = sum(len(e) for e in self.needs_am.values())
-        bound = len(self.with_am) + waiting
-        limited = bound >= self.settings.max_active_ams or bound >= self.settings.max_acquiring_per_queue
-        active, acquiring = self._am_counts() if limited else (0, {})
-        by_load = [(len(self.live_ams.get(n.node_id, ())), n.node_id) for n in nodes]   # a heap: least loaded first
-        heapq.heapify(by_load)
-        heads = [(entries.first(), queue) for queue, entries in self.needs_am.items() if entries]
-        heapq.heapify(heads)
-        while heads:
-            key, queue = heapq.heappop(heads)
-            entries = self.needs_am[queue]
-            job = self.jobs[key[2]]
-            if not job.admitted:
-                if limited and active >= self.settings.max_active_ams:
-                    continue      # only restarts (which sort first) may still start
-                if (limited and acquiring.get(queue, 0) >= self.settings.max_acquiring_per_queue) \
-                        or self._running_limit(job):
-                    continue      # this queue is full: its later jobs wait too
-                active += 1
-                acquiring[queue] = acquiring.get(queue, 0) + 1
-            entries.pop_first()
-            count, node_id = by_load[0]
-            heapq.heapreplace(by_load, (count + 1, node_id))
-            self._start_am(job, node_id, now)
-            if entries:
-                heapq.heappush(heads, (entries.first(), queue))
-
     def queued_reason(self, job: Job) -> str:
-        """Why a job has no AM yet (computed when asked, so a long backlog costs nothing while it waits)."""
-        if not any(n.offering for n in self.cluster.nodes.values()):
-            return "waiting for a node to run its AM: no node is up"
-        active, acquiring = self._am_counts()
-        if not job.admitted:
-            full = self._running_limit(job)
-            if full:
-                return full
-            if acquiring.get(job.queue, 0) >= self.settings.max_acquiring_per_queue:
-                ahead = sum(1 for k in self.needs_am.get(job.queue, ()) if k[1] < job.seq)
-                return (f"waiting behind {acquiring[job.queue]} jobs acquiring GPUs in "
-                        f"{job.queue.removeprefix('root.')}" + (f" ({ahead} more queued ahead)" if ahead else ""))
-            if active >= self.settings.max_active_ams:
-                return f"waiting for an AM slot: {active} jobs are acquiring GPUs cluster-wide"
-        return job.waiting_reason or "waiting for its AM to start"
-
-    def _running_limit(self, job: Job) -> str:
-        leaf = self.queues.tree.by_path.get(job.queue)
-        for q in leaf.ancestry() if leaf is not None else ():
-            if q.max_running_jobs is not None and self.queues.jobs_active.get(q.path, 0) >= q.max_running_jobs:
-                return f"queue {q.short} runs its max_running_jobs ({q.max_running_jobs}); waiting for one to end"
-        return ""
+        """Why a job has no AM yet."""
+        return self.ams.queued_reason(job)
 
     def _start_am(self, job: Job, node_id: str, now: float) -> None:
-        self._drop_am_wish(job)
+        self.ams.drop(job)
         self._am_up(job)
         if not job.admitted:
             job.admitted = True
@@ -643,9 +561,9 @@ class RMCore:
             log.warning("AM of %s ended (%s); starting AM attempt %d", job.job_id, c.exit.describe(),
                         job.am_attempt + 1)
             job.waiting_reason = f"AM attempt {job.am_attempt} ended ({c.exit.describe()}); restarting the AM"
-        self._want_am(job)
+        self.ams.want(job)
         self._job_changed(job)
-        self._launch_ams(now)
+        self.ams.launch(now)
 
     def _fail_job(self, job: Job, why: str, now: float, kind: FailureKind) -> None:
         attempt = job.current_attempt
@@ -693,7 +611,7 @@ class RMCore:
                 stops.append(StopOrder(c.node_id, c.container_id, self.settings.kill_grace_s, c.stop_reason))
         log.info("node %s registered (%s:%d, rack %s, %d GPUs, %d containers)", reg.node_id, reg.host, reg.port,
                  node.rack, len(node.gpus), len(reg.containers))
-        self._launch_ams(now)
+        self.ams.launch(now)
         return stops
 
     def _healthy_state(self, node: Node, healthy: bool) -> NodeState:
@@ -710,7 +628,7 @@ class RMCore:
         node.last_heartbeat = now
         if node.unreachable_since is not None and now - node.unreachable_since > UNREACHABLE_HOLD_S:
             node.unreachable_since = None        # it beats: try it again for AMs
-            self._launch_ams(now)
+            self.ams.launch(now)
         for index, ok, reason in gpu_health:
             gpu = node.gpus.get(index)
             if gpu is not None and (gpu.healthy, gpu.health_reason) != (ok, reason):
@@ -1156,7 +1074,7 @@ class RMCore:
             elif c.kind is ContainerKind.AM and job is not None and job.state.terminal \
                     and now - job.finish_time > s.kill_grace_s + s.am_liveness_timeout_s:
                 self._order_stop(c, s.kill_grace_s, "job finished")
-        self._launch_ams(now)
+        self.ams.launch(now)
 
     # ------------------------------------------------------------ queues: preemption, refresh, views
 
@@ -1232,7 +1150,7 @@ class RMCore:
         """Whether some job has an AM but runs nothing (it may outrank a running job of its queue, even while its
         AM, seeing no room, asks for nothing)."""
         holding = self.learners_live
-        return any(j not in holding for j in self.with_am)
+        return any(j not in holding for j in self.ams.with_am)
 
     def _launched(self, c: Container) -> bool:
         """Whether the AM has already launched this grant as a learner (it says so before the agent does): the
@@ -1245,7 +1163,7 @@ class RMCore:
         hoarded gang, in-queue ranks changing) may next come due; None when nothing can. The daemon ticks every
         second anyway; the simulator sleeps until then."""
         book = self.queues
-        signature = (book.version, sum(self.reclaiming_live.values()), len(self.asking), len(self.with_am))
+        signature = (book.version, sum(self.reclaiming_live.values()), len(self.asking), len(self.ams.with_am))
         cached = self._next_check
         if cached is not None and cached[0] == signature and (cached[1] is None or cached[1] > now):
             return cached[1]
@@ -1450,7 +1368,7 @@ class RMCore:
                 self._am_up(job)
             else:
                 job.am_container = ""
-                self._want_am(job)
+                self.ams.want(job)
         self.next_job_seq = int(meta.get("next_job_seq", "1"))
         self.next_container_seq = int(meta.get("next_container_seq", "1"))
         self._rebuild_queue_book()
@@ -1470,7 +1388,7 @@ class RMCore:
         """Why an unfinished job waits: its AM's account, and the RM's when the RM holds it back."""
         if job.state.terminal:
             return ""
-        if job.job_id not in self.with_am:
+        if job.job_id not in self.ams.with_am:
             return self.queued_reason(job)
         app = self.apps.get(job.job_id)
         rm_reason = f"RM: {app.app.blocked}" if app is not None and app.app.blocked else ""
