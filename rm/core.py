@@ -18,6 +18,7 @@ from gpurm.queues.tree import QueueTree, acl_allows, default_tree
 from gpurm.rm import preemption, priority
 from gpurm.rm.amlaunch import AMLauncher
 from gpurm.rm.cluster import Cluster, GpuRecord, Node, NodeState
+from gpurm.rm.containers import ContainerIndex
 from gpurm.rm.inqueue import InQueuePreemption
 from gpurm.rm.jobspec import JobSpec
 from gpurm.rm.model import (
@@ -35,6 +36,7 @@ from gpurm.rm.model import (
 from gpurm.rm.queuebook import QueueBook
 from gpurm.rm.scheduler import App, Ask, Grant, Scheduler, subtract_grants
 from gpurm.rm.standing import Standings
+from gpurm.rm.stops import StopBook, StopOrder
 
 log = logging.getLogger(__name__)
 
@@ -96,14 +98,6 @@ class LaunchAM:
 @dataclass
 class JobChanged:
     job_id: str
-
-
-@dataclass
-class StopOrder:
-    node_id: str
-    container_id: str
-    grace_s: float
-    reason: str
 
 
 Effect = LaunchAM | JobChanged
@@ -215,14 +209,16 @@ class RMCore:
         self.queues = QueueBook(tree or default_tree())
         self.scheduler = Scheduler(self.cluster, self.queues)
         self.jobs: dict[str, Job] = {}
-        self.containers: dict[str, Container] = {}
-        self.by_job: dict[str, list[str]] = {}    # job id -> its container ids, oldest first (an index)
-        self.live: dict[str, Container] = {}      # containers not yet ended (an index over containers)
-        self.live_by_job: dict[str, dict[str, Container]] = {}   # the same, per job
-        self.unstarted: dict[str, None] = {}      # learner grants not yet seen running
-        self.live_ams: dict[str, dict[str, None]] = {}  # node -> its live AM containers
-        self.learners_live: dict[str, int] = {}   # job id -> how many live learner containers it has (if any)
-        self.preempting: dict[str, None] = {}     # live containers under a preemption deadline
+        # The container records and their indexes (rm/containers.py); the names below are that object's dicts.
+        self.index = ContainerIndex(self._runs_changed)
+        self.containers = self.index.containers
+        self.by_job = self.index.by_job
+        self.live = self.index.live
+        self.live_by_job = self.index.live_by_job
+        self.unstarted = self.index.unstarted
+        self.live_ams = self.index.live_ams
+        self.learners_live = self.index.learners_live
+        self.preempting = self.index.preempting
         self.asking: dict[str, AppState] = {}     # apps with outstanding asks: what a scheduling pass looks at
         # A full scheduling pass is due when GPUs came free or nodes / limits changed; otherwise only apps whose
         # asks changed can be granted anything, and a pass looks at those alone.
@@ -242,8 +238,7 @@ class RMCore:
         self.next_job_seq = 1
         self.submit_ids: dict[str, str] = {}
         self.outbox: list[Effect] = []
-        self.stops: dict[str, dict[str, StopOrder]] = {}   # node id -> container id -> order not yet sent
-        self._stop_sent: dict[str, float] = {}              # container id -> when its stop was last sent
+        self.stop_orders = StopBook()       # stop orders for the agents' streams
         self.next_container_seq = 1
         self.recovered_at = 0.0     # when this RM (re)started: AMs and grants older than that get a fresh clock
         self.dirty = Dirty()
@@ -274,19 +269,21 @@ class RMCore:
         return d
 
     def take_stops(self, node_id: str, now: float) -> list[StopOrder]:
-        orders = list(self.stops.pop(node_id, {}).values())
-        for o in orders:
-            self._stop_sent[o.container_id] = now
-        return orders
+        return self.stop_orders.take(node_id, now)
 
     def nodes_with_stops(self) -> list[str]:
-        return [n for n, orders in self.stops.items() if orders]
+        return self.stop_orders.nodes()
+
+    @property
+    def stops(self) -> dict[str, dict[str, StopOrder]]:
+        """Stop orders not yet sent: node id -> container id -> order."""
+        return self.stop_orders.pending
 
     def _order_stop(self, c: Container, grace_s: float, reason: str) -> None:
         c.stop_requested = True
         c.stop_reason = c.stop_reason or reason
         self._container_changed(c)
-        self.stops.setdefault(c.node_id, {})[c.container_id] = StopOrder(c.node_id, c.container_id, grace_s, reason)
+        self.stop_orders.order(StopOrder(c.node_id, c.container_id, grace_s, reason))
 
     def get_job(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)
@@ -296,10 +293,7 @@ class RMCore:
         return job
 
     def _add_container(self, c: Container) -> None:
-        self.containers[c.container_id] = c
-        self.by_job.setdefault(c.job_id, []).append(c.container_id)
-        if c.phase.live:
-            self._index_live(c)
+        self.index.add(c)
         self._container_changed(c)
 
     def _runs_changed(self, job_id: str) -> None:
@@ -309,38 +303,6 @@ class RMCore:
         job = self.jobs.get(job_id)
         if job is not None:
             self._inqueue_touch(job)
-
-    def _index_live(self, c: Container) -> None:
-        self._runs_changed(c.job_id)
-        if c.kind is ContainerKind.LEARNER and c.container_id not in self.live:
-            self.learners_live[c.job_id] = self.learners_live.get(c.job_id, 0) + 1
-        self.live[c.container_id] = c
-        self.live_by_job.setdefault(c.job_id, {})[c.container_id] = c
-        if c.preempt_deadline:
-            self.preempting[c.container_id] = None
-        if c.kind is ContainerKind.LEARNER and c.phase is ContainerPhase.ALLOCATED:
-            self.unstarted[c.container_id] = None
-        if c.kind is ContainerKind.AM:
-            self.live_ams.setdefault(c.node_id, {})[c.container_id] = None
-
-    def _unindex_live(self, c: Container) -> None:
-        self._runs_changed(c.job_id)
-        self.preempting.pop(c.container_id, None)
-        if c.kind is ContainerKind.LEARNER and c.container_id in self.live:
-            left = self.learners_live.get(c.job_id, 0) - 1
-            if left > 0:
-                self.learners_live[c.job_id] = left
-            else:
-                self.learners_live.pop(c.job_id, None)
-        self.live.pop(c.container_id, None)
-        self.unstarted.pop(c.container_id, None)
-        if c.kind is ContainerKind.AM:
-            self.live_ams.get(c.node_id, {}).pop(c.container_id, None)
-        mine = self.live_by_job.get(c.job_id)
-        if mine is not None:
-            mine.pop(c.container_id, None)
-            if not mine:
-                del self.live_by_job[c.job_id]
 
     def _inqueue_touch(self, job: Job) -> None:
         """The job's rank, run or locality level changed: its queue's next in-queue look must weigh it."""
@@ -356,12 +318,10 @@ class RMCore:
         self._inqueue_touch(job)
 
     def job_containers(self, job_id: str, live_only: bool = True) -> list[Container]:
-        if live_only:
-            return list(self.live_by_job.get(job_id, {}).values())
-        return [self.containers[cid] for cid in self.by_job.get(job_id, ())]
+        return self.index.of_job(job_id, live_only)
 
     def live_count(self, job_id: str) -> int:
-        return len(self.live_by_job.get(job_id, ()))
+        return self.index.live_count(job_id)
 
     # ------------------------------------------------------------ submit / kill
 
@@ -605,7 +565,7 @@ class RMCore:
             if c.phase is ContainerPhase.RUNNING or c.started:
                 self._complete(c, ExitStatus(ExitKind.LOST, diagnostics=f"agent on {reg.node_id} restarted "
                                              "without it", infra=True), now)
-        self.stops.pop(reg.node_id, None)
+        self.stop_orders.drop_node(reg.node_id)
         for c in self.live.values():
             if c.node_id == reg.node_id and c.stop_requested:
                 stops.append(StopOrder(c.node_id, c.container_id, self.settings.kill_grace_s, c.stop_reason))
@@ -643,7 +603,7 @@ class RMCore:
         for r in reports:
             stop = self._apply_report(node, r, now)
             if stop is not None:
-                self.stops.setdefault(node_id, {})[stop.container_id] = stop
+                self.stop_orders.order(stop)
         return HeartbeatAction.OK
 
     def _apply_report(self, node: Node, r: ContainerReport, now: float) -> StopOrder | None:
@@ -713,7 +673,7 @@ class RMCore:
         node.health_report = why
         node.session = ""
         self.dirty.nodes.add(node_id)
-        self.stops.pop(node_id, None)
+        self.stop_orders.drop_node(node_id)
         for c in list(self.live.values()):
             if c.node_id == node_id:
                 self._complete(c, ExitStatus(ExitKind.LOST, diagnostics=f"node {node_id} lost ({why})",
@@ -737,7 +697,7 @@ class RMCore:
         c.phase = ContainerPhase.COMPLETED
         c.finished = now
         c.exit = exit_status
-        self._unindex_live(c)
+        self.index.unindex_live(c)
         if c.preempt_deadline:
             self.reclaiming_live[c.preempted_for] = self.reclaiming_live.get(c.preempted_for, 0) - c.gpus
         if c.gpus:
@@ -749,7 +709,7 @@ class RMCore:
         if c.preempted_for:
             self.reclaimed.setdefault(c.preempted_for, []).append((c.gpus, now + RECLAIM_HOLD_S))
         self._container_changed(c)
-        self._stop_sent.pop(c.container_id, None)
+        self.stop_orders.ended(c.container_id)
         job = self.jobs.get(c.job_id)
         if job is None:
             return
@@ -1045,10 +1005,8 @@ class RMCore:
                 self._complete(c, ExitStatus(ExitKind.EXPIRED, diagnostics="stopped before it ever started"), now)
                 continue
             if c.stop_requested:
-                sent = self._stop_sent.get(c.container_id, 0.0)
-                if now - sent > s.stop_resend_s and c.container_id not in self.stops.get(c.node_id, {}):
-                    self.stops.setdefault(c.node_id, {})[c.container_id] = StopOrder(
-                        c.node_id, c.container_id, s.kill_grace_s, c.stop_reason)
+                if self.stop_orders.resend_due(c.node_id, c.container_id, now, s.stop_resend_s):
+                    self.stop_orders.order(StopOrder(c.node_id, c.container_id, s.kill_grace_s, c.stop_reason))
                 continue
             job = self.jobs.get(c.job_id)
             if c.preempt_deadline and now >= c.preempt_deadline:
@@ -1329,8 +1287,7 @@ class RMCore:
 
     def _holding(self) -> dict[str, list[Container]]:
         """Live learner containers per job (only jobs that hold GPUs)."""
-        return {job_id: [c for c in self.live_by_job[job_id].values() if c.kind is ContainerKind.LEARNER]
-                for job_id in self.learners_live}
+        return self.index.holding()
 
     # ------------------------------------------------------------ persistence
 
@@ -1346,13 +1303,7 @@ class RMCore:
             self.jobs[job.job_id] = job
             if job.submit_id:
                 self.submit_ids[job.submit_id] = job.job_id
-        for c in containers:
-            self.containers[c.container_id] = c
-            self.by_job.setdefault(c.job_id, []).append(c.container_id)
-            if c.phase.live:
-                self._index_live(c)
-        for ids in self.by_job.values():
-            ids.sort(key=lambda cid: (self.containers[cid].created, cid))
+        self.index.load(containers)
         for node in nodes:
             node.last_heartbeat = now
             node.session = ""
