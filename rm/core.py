@@ -34,6 +34,7 @@ from gpurm.rm.model import (
     Learner,
 )
 from gpurm.rm.queuebook import QueueBook
+from gpurm.rm.reclaim import Reclaims
 from gpurm.rm.scheduler import App, Ask, Grant, Scheduler, subtract_grants
 from gpurm.rm.standing import Standings
 from gpurm.rm.stops import StopBook, StopOrder
@@ -43,9 +44,6 @@ log = logging.getLogger(__name__)
 DEFAULT_QUEUE = "default"
 PREEMPT_CHECK_S = 1.0     # how often starvation is checked
 UNREACHABLE_HOLD_S = 10.0    # an agent that failed an AM start gets no AM for this long while it beats
-RECLAIM_HOLD_S = 60.0     # GPUs freed by preemption count as the beneficiary's until it gets them, this long at most
-RECHECK_S = 30.0          # a queue owed GPUs that nobody can spare: look again this much later
-HOARD_CHECK_S = 10.0      # how soon hoarded grants are looked for while a queue waits (simulator cadence)
 
 
 class ErrorCode(enum.Enum):
@@ -225,11 +223,6 @@ class RMCore:
         self.pass_due = True
         self.new_askers: dict[str, None] = {}
         self._seen_releases = -1
-        self._next_check: tuple[tuple[int, int, int, int], float | None] | None = None
-        # GPUs preemption freed for a queue that it has not been granted yet: (GPUs, until), per queue. They keep
-        # counting as reclaimed, so the queue's starvation is not answered a second time meanwhile.
-        self.reclaimed: dict[str, list[tuple[int, float]]] = {}
-        self.reclaiming_live: dict[str, int] = {}   # GPUs of live containers under a preemption deadline, per queue
         # Jobs in-queue preemption found GPUs for (idle ones, or ones it frees): their next allocate reply says to
         # plan now, as an AM backing off would otherwise leave them idle for minutes.
         self.nudged: dict[str, None] = {}
@@ -250,6 +243,10 @@ class RMCore:
         self.inqueue = InQueuePreemption(self.cluster, self.queues, self.scheduler, self.standings, self.jobs,
                                          self.live_by_job, self.learners_live, self.ams.with_am_by_queue, self.nudged,
                                          self.settings.inqueue_min_run_s, self._preempt_job)
+        # Fair-share preemption across queues: who is owed, reclaimed GPUs held for them, hoarded grants.
+        self.reclaims = Reclaims(self.cluster, self.queues, self.jobs, self.index, self.ams, self.apps, self.asking,
+                                 self.settings.inqueue_preemption, self.settings.inqueue_min_run_s,
+                                 self._preempt_job, self._revoke)
 
     # ------------------------------------------------------------ bookkeeping helpers
 
@@ -698,16 +695,13 @@ class RMCore:
         c.finished = now
         c.exit = exit_status
         self.index.unindex_live(c)
-        if c.preempt_deadline:
-            self.reclaiming_live[c.preempted_for] = self.reclaiming_live.get(c.preempted_for, 0) - c.gpus
         if c.gpus:
             self.pass_due = True
         self.cluster.release(c.node_id, c.gpu_indices, c.container_id)
         job_of = self.jobs.get(c.job_id)
         if c.kind is ContainerKind.LEARNER and job_of is not None:
             self.queues.charge(job_of.queue, job_of.user, -c.gpus)
-        if c.preempted_for:
-            self.reclaimed.setdefault(c.preempted_for, []).append((c.gpus, now + RECLAIM_HOLD_S))
+        self.reclaims.ended(c, now)
         self._container_changed(c)
         self.stop_orders.ended(c.container_id)
         job = self.jobs.get(c.job_id)
@@ -960,7 +954,7 @@ class RMCore:
         if self._ranked:
             for app in apps:
                 app.standing = self.standings.standing(self.jobs[app.job_id], now)
-        grants = self.scheduler.schedule(apps, self._new_container_id, now, self._reserved(now))
+        grants = self.scheduler.schedule(apps, self._new_container_id, now, self.reclaims.reserved(now))
         for app in apps:
             if not app.asks:
                 self.asking.pop(app.job_id, None)
@@ -969,7 +963,7 @@ class RMCore:
             self.pass_due = True
             grants += self.schedule(now)
         for g in grants:
-            self._consume_reclaimed(self.jobs[g.job_id].queue, len(g.gpu_indices))
+            self.reclaims.consume(self.jobs[g.job_id].queue, len(g.gpu_indices))
         for g in grants:
             job = self.jobs[g.job_id]
             attempt = job.current_attempt
@@ -1037,121 +1031,20 @@ class RMCore:
     # ------------------------------------------------------------ queues: preemption, refresh, views
 
     def preempt(self, now: float) -> list[preemption.Decision]:
-        """Start the preemptions starving queues are owed (see rm/preemption.py)."""
-        book = self.queues
-        shares = book.shares(self.cluster.capacity)
-        reclaiming = {q: g for q, g in self.reclaiming_live.items() if g > 0}
-        for queue, holds in list(self.reclaimed.items()):
-            holds[:] = [(g, until) for g, until in holds if until > now]
-            reclaiming[queue] = reclaiming.get(queue, 0) + sum(g for g, _ in holds)
-        if not preemption.owed(book, shares, now, reclaiming):
-            return []                      # the usual case: nobody is owed GPUs; skip gathering candidates
-        inst = shares.instantaneous
-        if not any(book.used.get(q.path, 0) > inst.get(q.path, 0) and q.effective_preemptible
-                   for q in book.tree.leaves):
-            return []                      # owed, but nobody has GPUs to spare
-        holding = self._holding()
-        busy = self._being_preempted()
-        candidates = []
-        for job_id, held in holding.items():
-            job = self.jobs[job_id]
-            if job.state.terminal or job_id in busy:
-                continue
-            candidates.append(preemption.Candidate(job_id, job.queue, sum(c.gpus for c in held),
-                                                   max(c.created for c in held), job.seq))
-        decisions = preemption.decide(book, shares, now, candidates, reclaiming)
-        grace = 0.0
-        for d in decisions:
-            grace = book.tree.by_path[d.beneficiary].preemption.grace_s
-            for v in d.victims:
-                self._preempt_job(self.jobs[v.job_id], d, grace, now)
-            log.info("preempting %s (%d GPUs) for %s: %s", ", ".join(v.job_id for v in d.victims), d.gpus,
-                     d.beneficiary, d.reason)
-        return decisions
+        """Start the preemptions starving queues are owed (rm/reclaim.py, rm/preemption.py)."""
+        return self.reclaims.preempt(now)
 
     def revoke_hoarded(self, now: float) -> list[str]:
-        """No hoarding past the share: while a queue waits below its instantaneous share, grants that an
-        incomplete gang holds (never started) in a queue above its share are taken back, newest first, down to
-        the share. The AM sees them end and asks again; the scheduler will not re-grant them meanwhile."""
-        book = self.queues
-        shares = book.shares(self.cluster.capacity)
-        inst = shares.instantaneous
-        waiting = sorted(book.waiting(shares))
-        if not waiting:
-            return []
-        revoked: list[str] = []
-        hoarding: dict[str, list[Container]] = {}      # per queue: grants never started (`unstarted` holds them)
-        for cid in self.unstarted:
-            c = self.containers[cid]
-            job = self.jobs[c.job_id]
-            if c.kind is ContainerKind.LEARNER and c.phase is ContainerPhase.ALLOCATED and not c.pid \
-                    and c.job_id in self.apps and job.state is not JobState.RUNNING and not self._launched(c):
-                hoarding.setdefault(job.queue, []).append(c)
-        for q in book.tree.leaves:
-            excess = book.used.get(q.path, 0) - inst.get(q.path, 0)
-            if excess <= 0 or waiting == [q.path]:
-                continue
-            held = hoarding.get(q.path, [])
-            for c in sorted(held, key=lambda c: (-c.created, c.container_id)):
-                if excess <= 0:
-                    break
-                others = ", ".join(p.removeprefix("root.") for p in waiting if p != q.path)
-                self._order_stop(c, 0.0, "revoked")
-                self._complete(c, ExitStatus(ExitKind.EXPIRED, diagnostics=(
-                    f"grant taken back: its gang was incomplete while queue {q.short} was above its fair share "
-                    f"and {others} waited")), now)
-                excess -= c.gpus
-                revoked.append(c.container_id)
-        return revoked
+        """Take back grants incomplete gangs hoard above their queue's share while another queue waits."""
+        return self.reclaims.revoke_hoarded(now)
 
-    def _jobs_waiting_with_am(self) -> bool:
-        """Whether some job has an AM but runs nothing (it may outrank a running job of its queue, even while its
-        AM, seeing no room, asks for nothing)."""
-        holding = self.learners_live
-        return any(j not in holding for j in self.ams.with_am)
-
-    def _launched(self, c: Container) -> bool:
-        """Whether the AM has already launched this grant as a learner (it says so before the agent does): the
-        gang is complete, so taking the grant back would fail an attempt that hoards nothing."""
-        attempt = self.jobs[c.job_id].current_attempt
-        return attempt is not None and any(lr.container_id == c.container_id for lr in attempt.learners)
+    def _revoke(self, c: Container, diagnostics: str, now: float) -> None:
+        self._order_stop(c, 0.0, "revoked")
+        self._complete(c, ExitStatus(ExitKind.EXPIRED, diagnostics=diagnostics), now)
 
     def next_check(self, now: float) -> float | None:
-        """When time-driven queue work (a starvation timeout running out, a preemption deadline, revoking a
-        hoarded gang, in-queue ranks changing) may next come due; None when nothing can. The daemon ticks every
-        second anyway; the simulator sleeps until then."""
-        book = self.queues
-        signature = (book.version, sum(self.reclaiming_live.values()), len(self.asking), len(self.ams.with_am))
-        cached = self._next_check
-        if cached is not None and cached[0] == signature and (cached[1] is None or cached[1] > now):
-            return cached[1]
-        shares = book.shares(self.cluster.capacity)
-        preemption.update_starvation(book, shares, now)
-        inst = shares.instantaneous
-        # Only queues above their share can lose GPUs; while none is, nothing can be taken back (and any change
-        # of usage brings this function back anyway).
-        spare = any(book.used.get(q.path, 0) > inst.get(q.path, 0) and q.effective_preemptible
-                    for q in book.tree.leaves)
-        due: list[float] = []
-        for q in book.tree.leaves:
-            s = book.starvation.get(q.path)
-            if s is None or not spare:
-                continue
-            p = q.preemption
-            for since, timeout in ((s.min_since, p.min_share_timeout_s), (s.fair_since, p.fair_share_timeout_s)):
-                if since is not None and timeout is not None:
-                    at = since + timeout
-                    due.append(at if at > now else now + RECHECK_S)   # owed already: look again later
-        if any(g > 0 for g in self.reclaiming_live.values()):
-            due.append(min((self.containers[cid].preempt_deadline for cid in self.preempting),
-                           default=now + RECHECK_S))
-        if book.waiting(shares) and self.unstarted:
-            due.append(now + HOARD_CHECK_S)      # an incomplete gang holds grants that may be hoarded
-        if self.settings.inqueue_preemption and (self.asking or self._jobs_waiting_with_am()):
-            due.append(now + max(self.settings.inqueue_min_run_s / 2, HOARD_CHECK_S))
-        when = max(min(due), now + 1e-6) if due else None
-        self._next_check = (signature, when)
-        return when
+        """When time-driven queue work may next come due (see Reclaims.next_check); None when nothing can."""
+        return self.reclaims.next_check(now)
 
     def _preempt_job(self, job: Job, d: preemption.Decision, grace_s: float, now: float) -> None:
         deadline = now + grace_s
@@ -1162,7 +1055,7 @@ class RMCore:
                 self.preempting[c.container_id] = None
                 self._inqueue_touch(job)
                 c.preempted_for = d.beneficiary
-                self.reclaiming_live[d.beneficiary] = self.reclaiming_live.get(d.beneficiary, 0) + c.gpus
+                self.reclaims.marked(d.beneficiary, c.gpus)
                 self._container_changed(c)
                 ids.append(c.container_id)
         app = self.apps.get(job.job_id)
@@ -1177,15 +1070,12 @@ class RMCore:
     def standing(self, job: Job, now: float) -> priority.Standing:
         return self.standings.standing(job, now)
 
-    def _being_preempted(self) -> set[str]:
-        return {self.containers[cid].job_id for cid in self.preempting}
-
     def preempt_in_queue(self, now: float) -> list[tuple[str, str]]:
         """Tiresias-style preemption inside las / srtf leaves (rm/inqueue.py); off unless
         `settings.inqueue_preemption`."""
         if not self.settings.inqueue_preemption:
             return []
-        return self.inqueue.run(self._being_preempted(), now)
+        return self.inqueue.run(self.reclaims.being_preempted(), now)
 
     @property
     def _ranked(self) -> bool:
@@ -1194,26 +1084,6 @@ class RMCore:
         if override is not None:
             return priority.preemptive(override)
         return self.queues.ranked
-
-    def _reserved(self, now: float) -> dict[str, int]:
-        """GPUs preemption freed for each queue that it has not been granted yet (while the hold lasts)."""
-        out = {}
-        for queue, holds in self.reclaimed.items():
-            gpus = sum(g for g, until in holds if until > now)
-            if gpus:
-                out[queue] = gpus
-        return out
-
-    def _consume_reclaimed(self, queue: str, gpus: int) -> None:
-        held = self.reclaimed.get(queue)
-        while held and gpus > 0:
-            g, until = held[0]
-            take = min(g, gpus)
-            gpus -= take
-            if take == g:
-                held.pop(0)
-            else:
-                held[0] = (g - take, until)
 
     def _rebuild_queue_book(self) -> None:
         """Derive usage, demand and admissions from the records (after a restore or a config change)."""
@@ -1265,29 +1135,8 @@ class RMCore:
         return {k: (v[0], v[1]) for k, v in stats.items()}
 
     def preemptible_jobs(self) -> set[str]:
-        """Jobs running on borrowed GPUs: in each preemptible leaf, the newest jobs whose GPUs take the queue
-        above its steady share."""
-        steady = self.queues.shares(self.cluster.capacity).steady
-        by_queue: dict[str, list[tuple[Job, int]]] = {}
-        for job_id, held in self._holding().items():
-            job = self.jobs[job_id]
-            if not job.state.terminal:
-                by_queue.setdefault(job.queue, []).append((job, sum(c.gpus for c in held)))
-        out: set[str] = set()
-        for queue, jobs in by_queue.items():
-            leaf = self.queues.tree.by_path.get(queue)
-            if leaf is None or not leaf.effective_preemptible:
-                continue
-            used = 0
-            for job, gpus in sorted(jobs, key=lambda jg: (jg[0].start_time or float("inf"), jg[0].seq)):
-                used += gpus
-                if used > steady.get(queue, 0):
-                    out.add(job.job_id)
-        return out
-
-    def _holding(self) -> dict[str, list[Container]]:
-        """Live learner containers per job (only jobs that hold GPUs)."""
-        return self.index.holding()
+        """Jobs running on borrowed GPUs (see Reclaims.preemptible_jobs)."""
+        return self.reclaims.preemptible_jobs()
 
     # ------------------------------------------------------------ persistence
 
