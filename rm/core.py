@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpurm.queues.tree import QueueTree, acl_allows, default_tree
-from gpurm.rm import preemption, priority
+from gpurm.rm import preemption, priority, recovery
 from gpurm.rm.amlaunch import AMLauncher
 from gpurm.rm.cluster import Cluster, GpuRecord, Node, NodeState
 from gpurm.rm.containers import ContainerIndex
@@ -1086,19 +1086,7 @@ class RMCore:
         return self.queues.ranked
 
     def _rebuild_queue_book(self) -> None:
-        """Derive usage, demand and admissions from the records (after a restore or a config change)."""
-        book = self.queues
-        for job in self.jobs.values():
-            if job.state.terminal:
-                continue
-            book.want(job.queue, job.spec.gpus)
-            if job.admitted:
-                book.activate(job.queue, 1)
-        for c in self.containers.values():
-            owner = self.jobs.get(c.job_id)
-            if c.phase.live and c.kind is ContainerKind.LEARNER and owner is not None:
-                book.charge(owner.queue, owner.user, c.gpus)
-        book.invalidate()
+        recovery.rebuild_queue_book(self.queues, self.jobs, self.containers)
 
     def replace_tree(self, tree: QueueTree) -> list[str]:
         """Adopt a new queue config, or say why not (the old one then stays in force)."""
@@ -1148,29 +1136,9 @@ class RMCore:
         """Load records written by an earlier RM. Nodes come back as they were last seen and have a full
         expiry period to re-register; AMs and grants get a fresh clock from `now`."""
         self.recovered_at = now
-        for job in jobs:
-            self.jobs[job.job_id] = job
-            if job.submit_id:
-                self.submit_ids[job.submit_id] = job.job_id
-        self.index.load(containers)
-        for node in nodes:
-            node.last_heartbeat = now
-            node.session = ""
-            node.allocated = {}          # rebuilt below from the live containers
-            self.cluster.upsert(node)
-        for c in self.live.values():
-            if c.node_id in self.cluster.nodes:
-                self.cluster.allocate(c.node_id, c.gpu_indices, c.container_id)
-        for job in self.jobs.values():
-            if job.state.terminal:
-                continue
-            if job.am_container and job.am_container in self.live:
-                self._am_up(job)
-            else:
-                job.am_container = ""
-                self.ams.want(job)
-        self.next_job_seq = int(meta.get("next_job_seq", "1"))
-        self.next_container_seq = int(meta.get("next_container_seq", "1"))
+        recovery.load(jobs, containers, nodes, now, self.jobs, self.submit_ids, self.index, self.cluster)
+        recovery.readmit(self.jobs, self.live, self.ams, self._am_up)
+        self.next_job_seq, self.next_container_seq = recovery.counters(meta)
         self._rebuild_queue_book()
 
     # ------------------------------------------------------------ views for the shell
