@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from gpurm.queues.tree import QueueTree, acl_allows, default_tree
 from gpurm.rm import preemption, priority, recovery
 from gpurm.rm.amlaunch import AMLauncher
-from gpurm.rm.cluster import Cluster, Node, NodeState
+from gpurm.rm.cluster import Cluster, Node
 from gpurm.rm.containers import ContainerIndex
 from gpurm.rm.inqueue import InQueuePreemption
 from gpurm.rm.jobspec import JobSpec
@@ -45,6 +45,7 @@ from gpurm.rm.model import (
     Job,
     JobState,
 )
+from gpurm.rm.nodes import NodeRegistry
 from gpurm.rm.queuebook import QueueBook
 from gpurm.rm.reclaim import Reclaims
 from gpurm.rm.scheduler import App, Ask, Grant, Scheduler, subtract_grants
@@ -55,7 +56,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_QUEUE = "default"
 PREEMPT_CHECK_S = 1.0     # how often starvation is checked
-UNREACHABLE_HOLD_S = 10.0    # an agent that failed an AM start gets no AM for this long while it beats
 
 
 class RMCore:
@@ -94,6 +94,8 @@ class RMCore:
         self.recovered_at = 0.0     # when this RM (re)started: AMs and grants older than that get a fresh clock
         self.dirty = Dirty()
         # Which jobs want an AM or have one, and where the next AMs go.
+        # Nodes: registration, heartbeats, health, expiry, loss, draining.
+        self.nodes = NodeRegistry(self.cluster, self._node_changed, self._launch_ams)
         self.ams = AMLauncher(self.cluster, self.queues, self.jobs, self.live_ams, self.settings.max_active_ams,
                               self.settings.max_acquiring_per_queue, self._start_am)
         # Where jobs stand for las / srtf (cached), and in-queue preemption (each queue's last look).
@@ -111,6 +113,12 @@ class RMCore:
     def _job_changed(self, job: Job) -> None:
         self.dirty.jobs.add(job.job_id)
         self.outbox.append(JobChanged(job.job_id))
+
+    def _node_changed(self, node_id: str) -> None:
+        self.dirty.nodes.add(node_id)
+
+    def _launch_ams(self, now: float) -> None:
+        self.ams.launch(now)
 
     def _container_changed(self, c: Container) -> None:
         self.dirty.containers.add(c.container_id)
@@ -394,20 +402,7 @@ class RMCore:
 
     def register_node(self, reg: NodeRegistration, session: str, now: float) -> list[StopOrder]:
         """Add or re-add a node; reconcile what it runs with the RM's records. Returns containers to stop."""
-        old = self.cluster.nodes.get(reg.node_id)
-        node = Node(node_id=reg.node_id, host=reg.host, port=reg.port, rack=reg.rack,
-                    ib_domain=reg.ib_domain or reg.rack, gpus={g.index: g for g in reg.gpus}, cpus=reg.cpus,
-                    memory_mib=reg.memory_mib, last_heartbeat=now, session=session,
-                    agent_instance=reg.agent_instance, agent_version=reg.agent_version,
-                    drain=old.drain if old else False, health_report=reg.health_report)
-        node.state = self._healthy_state(node, reg.healthy)
-        # Allocations the RM holds on this node survive re-registration.
-        for c in self.live.values():
-            if c.node_id == reg.node_id:
-                for i in c.gpu_indices:
-                    node.allocated[i] = c.container_id
-        self.cluster.upsert(node)
-        self.dirty.nodes.add(node.node_id)
+        node = self.nodes.admit(reg, session, now, self.live.values())
         stops: list[StopOrder] = []
         reported = {r.container_id for r in reg.containers}
         for r in reg.containers:
@@ -429,32 +424,12 @@ class RMCore:
         self.ams.launch(now)
         return stops
 
-    def _healthy_state(self, node: Node, healthy: bool) -> NodeState:
-        if node.drain:
-            return NodeState.DRAINING
-        return NodeState.RUNNING if healthy else NodeState.UNHEALTHY
-
     def node_heartbeat(self, node_id: str, session: str, reports: Iterable[ContainerReport], now: float,
                        healthy: bool = True, health_report: str = "",
                        gpu_health: Iterable[tuple[int, bool, str]] = ()) -> HeartbeatAction:
-        node = self.cluster.nodes.get(node_id)
-        if node is None or node.session != session or node.state is NodeState.LOST:
+        node = self.nodes.beat(node_id, session, now, healthy, health_report, gpu_health)
+        if node is None:
             return HeartbeatAction.REREGISTER
-        node.last_heartbeat = now
-        if node.unreachable_since is not None and now - node.unreachable_since > UNREACHABLE_HOLD_S:
-            node.unreachable_since = None        # it beats: try it again for AMs
-            self.ams.launch(now)
-        for index, ok, reason in gpu_health:
-            gpu = node.gpus.get(index)
-            if gpu is not None and (gpu.healthy, gpu.health_reason) != (ok, reason):
-                log.warning("node %s: GPU %d %s", node_id, index, "healthy again" if ok else f"unhealthy: {reason}")
-                self.cluster.set_gpu_health(node_id, index, ok, reason)
-                self.dirty.nodes.add(node_id)
-        if node.health_report != health_report or node.state is not self._healthy_state(node, healthy):
-            node.health_report = health_report
-            if node.state is not NodeState.DECOMMISSIONED:
-                self.cluster.set_state(node_id, self._healthy_state(node, healthy))
-            self.dirty.nodes.add(node_id)
         for r in reports:
             stop = self._apply_report(node, r, now)
             if stop is not None:
@@ -510,24 +485,13 @@ class RMCore:
             self.dirty.jobs.add(job.job_id)
 
     def expire_nodes(self, now: float) -> list[str]:
-        limit = self.settings.heartbeat_interval_s * self.settings.missed_beats
-        lost = []
-        for node in self.cluster.nodes.values():
-            if node.state in (NodeState.LOST, NodeState.DECOMMISSIONED):
-                continue
-            if now - node.last_heartbeat > limit:
-                lost.append(node.node_id)
+        lost = self.nodes.late(now, self.settings.heartbeat_interval_s * self.settings.missed_beats)
         for node_id in lost:
             self.mark_node_lost(node_id, f"missed {self.settings.missed_beats} heartbeats", now)
         return lost
 
     def mark_node_lost(self, node_id: str, why: str, now: float) -> None:
-        node = self.cluster.nodes[node_id]
-        log.warning("node %s is LOST: %s", node_id, why)
-        self.cluster.set_state(node_id, NodeState.LOST)
-        node.health_report = why
-        node.session = ""
-        self.dirty.nodes.add(node_id)
+        self.nodes.lose(node_id, why)
         self.stop_orders.drop_node(node_id)
         for c in list(self.live.values()):
             if c.node_id == node_id:
@@ -535,14 +499,7 @@ class RMCore:
                                              infra=True), now)
 
     def drain(self, node_id: str, undrain: bool, now: float) -> Node:
-        node = self.cluster.nodes.get(node_id)
-        if node is None:
-            raise RequestError(ErrorCode.NOT_FOUND, f"node_id: no node {node_id!r}; see `gpurm nodes`")
-        node.drain = not undrain
-        if node.state in (NodeState.RUNNING, NodeState.DRAINING, NodeState.UNHEALTHY):
-            self.cluster.set_state(node_id, NodeState.DRAINING if node.drain else NodeState.RUNNING)
-        self.dirty.nodes.add(node_id)
-        return node
+        return self.nodes.drain(node_id, undrain)
 
     # ------------------------------------------------------------ containers
 
