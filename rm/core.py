@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from gpurm.queues.tree import QueueTree, acl_allows, default_tree
-from gpurm.rm import preemption, priority, recovery
+from gpurm.queues.tree import QueueTree, default_tree
+from gpurm.rm import admission, attempts, preemption, priority, recovery
 from gpurm.rm.amlaunch import AMLauncher
 from gpurm.rm.cluster import Cluster, Node
 from gpurm.rm.containers import ContainerIndex
@@ -35,7 +35,6 @@ from gpurm.rm.messages import (
     RMSettings,
 )
 from gpurm.rm.model import (
-    Attempt,
     Container,
     ContainerKind,
     ContainerPhase,
@@ -54,7 +53,6 @@ from gpurm.rm.stops import StopBook, StopOrder
 
 log = logging.getLogger(__name__)
 
-DEFAULT_QUEUE = "default"
 PREEMPT_CHECK_S = 1.0     # how often starvation is checked
 
 
@@ -189,53 +187,13 @@ class RMCore:
     # ------------------------------------------------------------ submit / kill
 
     def resolve_queue(self, name: str) -> str:
-        tree = self.queues.tree
-        if not name:
-            q = tree.find(DEFAULT_QUEUE)
-            if q is None or not q.leaf:
-                raise RequestError(ErrorCode.INVALID_ARGUMENT,
-                                   "queue: the job names no queue and there is no `default` leaf queue; name one "
-                                   "with --queue (see `gpurm queues`)")
-            return q.path
-        q = tree.find(name)
-        leaves = ", ".join(leaf.short for leaf in tree.leaves)
-        if q is None:
-            raise RequestError(ErrorCode.INVALID_ARGUMENT,
-                               f"queue: no queue {name!r}; jobs go to a leaf queue: {leaves}")
-        if not q.leaf:
-            below = ", ".join(leaf.short for leaf in tree.leaves if leaf.path.startswith(q.path + "."))
-            raise RequestError(ErrorCode.INVALID_ARGUMENT,
-                               f"queue: {q.short} is a parent queue; jobs go to one of its leaves: {below}")
-        return q.path
+        return admission.resolve_queue(self.queues.tree, name)
 
     def submit(self, spec: JobSpec, user: str, now: float, submit_id: str = "", groups: Iterable[str] = (),
                check_acl: bool = True) -> Job:
         if submit_id and submit_id in self.submit_ids:
             return self.jobs[self.submit_ids[submit_id]]
-        queue = self.resolve_queue(spec.queue)
-        leaf = self.queues.tree.by_path[queue]
-        if check_acl and not acl_allows(leaf.effective_submit, user, groups):
-            admins = ", ".join(sorted(leaf.effective_admin)) or "an RM admin"
-            raise RequestError(ErrorCode.PERMISSION_DENIED,
-                               f"queue: {user} may not submit to {leaf.short} (submit ACL: "
-                               f"{', '.join(sorted(leaf.effective_submit))}); ask {admins} for access")
-        total = self.cluster.total_gpus
-        if spec.gpus > total:
-            raise RequestError(
-                ErrorCode.INVALID_ARGUMENT,
-                f"gpus: the job asks for {spec.gpus} GPUs but the whole cluster has {total}; "
-                "ask for fewer (see `gpurm nodes`)" if total else
-                f"gpus: the job asks for {spec.gpus} GPUs but no node has registered yet; start agents first",
-            )
-        limit = leaf.max_gpus_per_user if leaf.max_gpus_per_user is not None else leaf.max_gpus
-        for q in leaf.ancestry():
-            if q.max_gpus is not None and spec.gpus > q.max_gpus:
-                raise RequestError(ErrorCode.INVALID_ARGUMENT,
-                                   f"gpus: {spec.gpus} is above queue {q.short}'s max_gpus ({q.max_gpus}); "
-                                   "it could never run there")
-        if limit is not None and spec.gpus > limit:
-            raise RequestError(ErrorCode.INVALID_ARGUMENT,
-                               f"gpus: {spec.gpus} is above max_gpus_per_user ({limit}) of {leaf.short}")
+        queue = admission.admit(self.queues.tree, spec, user, groups, self.cluster.total_gpus, check_acl)
         seq = self.next_job_seq
         self.next_job_seq += 1
         self.dirty.meta = True
@@ -252,10 +210,7 @@ class RMCore:
 
     def may_kill(self, job: Job, user: str, groups: Iterable[str] = (), rm_admin: bool = False) -> bool:
         """The job's owner, its queue's admins and the RM's admins may kill it."""
-        if rm_admin or user == job.user:
-            return True
-        leaf = self.queues.tree.by_path.get(job.queue)
-        return leaf is not None and acl_allows(leaf.effective_admin, user, groups)
+        return admission.may_kill(self.queues.tree, job, user, groups, rm_admin)
 
     def kill(self, job_id: str, user: str, reason: str, now: float, groups: Iterable[str] = (),
              rm_admin: bool = False) -> Job:
@@ -549,21 +504,8 @@ class RMCore:
 
     def _update_learner(self, c: Container) -> None:
         job = self.jobs.get(c.job_id)
-        if job is None:
-            return
-        for attempt in reversed(job.attempts):
-            for learner in attempt.learners:
-                if learner.container_id == c.container_id:
-                    learner.pid = c.pid or learner.pid
-                    if c.phase is ContainerPhase.RUNNING:
-                        learner.state = "RUNNING"
-                    elif c.phase is ContainerPhase.COMPLETED:
-                        learner.state = {ExitKind.FAILED_TO_START: "FAILED_TO_START",
-                                         ExitKind.LOST: "LOST"}.get(c.exit.kind, "EXITED")
-                        learner.exit_code = c.exit.exit_code
-                        learner.signal = c.exit.signal
-                    self._job_changed(job)
-                    return
+        if job is not None and attempts.follow_container(job, c):
+            self._job_changed(job)
 
     # ------------------------------------------------------------ the AM protocol
 
@@ -686,48 +628,11 @@ class RMCore:
         self._order_stop(c, self.settings.kill_grace_s, "released by its AM")
 
     def _apply_attempt(self, job: Job, report: AttemptUpdate, now: float) -> None:
-        if report.number < 1 or report.number > len(job.attempts) + 1:
-            return
-        attempt = job.attempts[report.number - 1] if report.number <= len(job.attempts) else None
-        if attempt is None or (report.level and report.level != attempt.level):
+        applied, moved = attempts.apply_report(job, report, self.containers, self.cluster.nodes, now)
+        if moved:
             self._inqueue_touch(job)         # its locality level decides what room helps it
-        if attempt is None:
-            attempt = Attempt(number=report.number, start_time=report.start_time or now, am_attempt=job.am_attempt)
-            job.attempts.append(attempt)
-        attempt.state = report.state
-        attempt.waiting_reason = report.waiting_reason
-        attempt.level = report.level or attempt.level
-        attempt.failure = report.failure
-        attempt.cause = report.cause
-        attempt.exit_code = report.exit_code
-        attempt.counts_as_failure = report.counts_as_failure
-        attempt.end_time = report.end_time
-        if report.learners:
-            attempt.learners = report.learners
-            for learner in attempt.learners:
-                c = self.containers.get(learner.container_id)
-                if c is not None:
-                    learner.pid = learner.pid or c.pid
-                    learner.preemptible = c.preemptible
-                    node = self.cluster.nodes.get(c.node_id)
-                    learner.host = learner.host or (node.host if node else "")
-                    if c.phase is ContainerPhase.COMPLETED:
-                        # The agent's word on how it ended beats the AM's (older) view of it.
-                        learner.state = {ExitKind.FAILED_TO_START: "FAILED_TO_START",
-                                         ExitKind.LOST: "LOST"}.get(c.exit.kind, "EXITED")
-                        learner.exit_code, learner.signal = c.exit.exit_code, c.exit.signal
-        job.failures = sum(1 for a in job.attempts if a.counts_as_failure)
-        job.preemptions = sum(1 for a in job.attempts if a.failure is FailureKind.PREEMPTED)
-        if not job.state.terminal and report.number == len(job.attempts):
-            if report.state is JobState.RUNNING:
-                job.state = JobState.RUNNING
-                job.waiting_reason = ""
-                if not job.start_time:
-                    job.start_time = now
-            elif report.state is JobState.ALLOCATING:
-                job.state = JobState.ALLOCATING
-                job.waiting_reason = report.waiting_reason
-        self._job_changed(job)
+        if applied:
+            self._job_changed(job)
 
     def finish_am(self, job_id: str, am_attempt: int, final: JobState, diagnostics: str, exit_code: int,
                   reports: list[AttemptUpdate], now: float) -> Job:
