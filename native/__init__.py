@@ -26,8 +26,10 @@ log = logging.getLogger(__name__)
 # The modules compiled, as (package, module file). Chosen by profile: the simulator spends its time here.
 MODULES: tuple[tuple[str, str], ...] = (
     ("queues", "fairshare.py"), ("queues", "tree.py"),
-    ("rm", "cluster.py"), ("rm", "core.py"), ("rm", "model.py"), ("rm", "preemption.py"), ("rm", "priority.py"),
-    ("rm", "queuebook.py"), ("rm", "scheduler.py"), ("rm", "sortedkeys.py"),
+    ("rm", "admission.py"), ("rm", "amlaunch.py"), ("rm", "attempts.py"), ("rm", "cluster.py"),
+    ("rm", "containers.py"), ("rm", "core.py"), ("rm", "inqueue.py"), ("rm", "messages.py"), ("rm", "model.py"),
+    ("rm", "nodes.py"), ("rm", "preemption.py"), ("rm", "priority.py"), ("rm", "queuebook.py"), ("rm", "reclaim.py"),
+    ("rm", "scheduler.py"), ("rm", "sortedkeys.py"), ("rm", "standing.py"), ("rm", "stops.py"),
     ("am", "master.py"), ("am", "placement.py"),
     ("sim", "engine.py"),
 )

@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 
 from gpurm.queues.fields import ConfigError, Problems, Reader, parse_address
-from gpurm.rm.core import RMSettings
 from gpurm.rm.limits import ServerLimits, read_limits
+from gpurm.rm.messages import RMSettings
 from gpurm.rm.tls import TLSConfig, read_tls_section
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rm.cluster import GpuRecord, Node, NodeState
-from gpurm.rm.core import AttemptUpdate, ContainerReport, NodeRegistration
 from gpurm.rm.jobspec import spec_to_proto
+from gpurm.rm.messages import AttemptUpdate, ContainerReport, NodeRegistration
 from gpurm.rm.model import Attempt, Container, ContainerPhase, ExitKind, FailureKind, Job, JobState, Learner
 from gpurm.rm.scheduler import Ask
 

@@ -5,22 +5,48 @@ touches a socket. The daemon feeds it real time and real messages, the simulator
 tests whatever they like. Side effects the shell must carry out (launch an AM, stop a container, publish a job
 event) are appended to `outbox`; records to persist are named in `dirty`, and the shell writes them to the
 store before it answers the request that changed them.
+
+RMCore is the facade the shells (rm/daemon.py, rm/service.py) and the simulator call, and the glue between the
+objects it is made of, each in its own module with its own tests: the vocabulary (messages), admission, attempt
+records (attempts), the node registry (nodes), the container records and indexes (containers), stop orders
+(stops), AM launching (amlaunch), fair-share reclaiming across queues (reclaim), las / srtf standings (standing),
+in-queue preemption (inqueue), recovery from the store (recovery) and the shell's read-only views (views).
+
+Why it is still over 500 lines: what is left here is the sequencing that ties those objects together inside one
+request (a container's end touches the index, the cluster, the queue book, the reclaim ledger, its AM's state and
+its job), which must keep its order for the golden replay to stay byte for byte the same. Still to split out: the
+allocate protocol and the per-AM state (`apps`), the job lifecycle (finish, kill, an AM's end and restarts) and
+`tick`'s container timers.
 """
 
 from __future__ import annotations
 
-import enum
-import heapq
 import logging
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
-from gpurm.queues.tree import Policy, QueueTree, acl_allows, default_tree
-from gpurm.rm import preemption, priority
-from gpurm.rm.cluster import Cluster, GpuRecord, Node, NodeState
+from gpurm.queues.tree import QueueTree, default_tree
+from gpurm.rm import admission, attempts, preemption, priority, recovery, views
+from gpurm.rm.amlaunch import AMLauncher
+from gpurm.rm.cluster import Cluster, Node
+from gpurm.rm.containers import ContainerIndex
+from gpurm.rm.inqueue import InQueuePreemption
 from gpurm.rm.jobspec import JobSpec
+from gpurm.rm.messages import (
+    AllocateResult,
+    AppState,
+    AttemptUpdate,
+    ContainerReport,
+    Dirty,
+    Effect,
+    ErrorCode,
+    HeartbeatAction,
+    JobChanged,
+    LaunchAM,
+    NodeRegistration,
+    RequestError,
+    RMSettings,
+)
 from gpurm.rm.model import (
-    Attempt,
     Container,
     ContainerKind,
     ContainerPhase,
@@ -29,200 +55,17 @@ from gpurm.rm.model import (
     FailureKind,
     Job,
     JobState,
-    Learner,
 )
+from gpurm.rm.nodes import NodeRegistry
 from gpurm.rm.queuebook import QueueBook
+from gpurm.rm.reclaim import Reclaims
 from gpurm.rm.scheduler import App, Ask, Grant, Scheduler, subtract_grants
-from gpurm.rm.sortedkeys import SortedKeys
+from gpurm.rm.standing import Standings
+from gpurm.rm.stops import StopBook, StopOrder
 
 log = logging.getLogger(__name__)
 
-DEFAULT_QUEUE = "default"
 PREEMPT_CHECK_S = 1.0     # how often starvation is checked
-UNREACHABLE_HOLD_S = 10.0    # an agent that failed an AM start gets no AM for this long while it beats
-RECLAIM_HOLD_S = 60.0     # GPUs freed by preemption count as the beneficiary's until it gets them, this long at most
-RECHECK_S = 30.0          # a queue owed GPUs that nobody can spare: look again this much later
-HOARD_CHECK_S = 10.0      # how soon hoarded grants are looked for while a queue waits (simulator cadence)
-
-
-class ErrorCode(enum.Enum):
-    INVALID_ARGUMENT = "INVALID_ARGUMENT"
-    NOT_FOUND = "NOT_FOUND"
-    FAILED_PRECONDITION = "FAILED_PRECONDITION"
-    PERMISSION_DENIED = "PERMISSION_DENIED"
-    UNAVAILABLE = "UNAVAILABLE"
-
-
-class RequestError(Exception):
-    """A request the RM refuses; the message names the field and what to do."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-@dataclass
-class RMSettings:
-    heartbeat_interval_s: float = 1.0
-    missed_beats: int = 5                 # a node is LOST after this many intervals without a beat
-    container_start_timeout_s: float = 120.0  # a grant must be seen running within this, or it is reclaimed
-    am_register_timeout_s: float = 60.0   # a launched AM must register within this
-    am_liveness_timeout_s: float = 60.0   # a registered AM must call allocate at least this often
-    am_max_attempts: int = 2              # AM processes per job (a restarted AM adopts running learners)
-    am_launch_retries: int = 3            # failed AM launches before the job fails
-    max_active_ams: int = 256             # AMs acquiring at once, cluster-wide
-    max_acquiring_per_queue: int = 16     # jobs with an AM but not yet running, per leaf queue
-    kill_grace_s: float = 10.0
-    stop_resend_s: float = 10.0           # re-send a stop order the agent has not acted on
-    allocate_interval_s: float = 0.5
-    token_ttl_s: float = 600.0            # container and AM tokens; their holders renew them (docs/security.md)
-    inqueue_preemption: bool = False      # las / srtf preempt inside a queue (Tiresias); the simulator turns it on
-    inqueue_min_run_s: float = 300.0      # a job runs at least this long before a same-queue job may preempt it
-
-
-# ---------------------------------------------------------------- effects for the shell
-
-
-@dataclass
-class LaunchAM:
-    job_id: str
-    container_id: str
-    node_id: str
-    am_attempt: int
-
-
-@dataclass
-class JobChanged:
-    job_id: str
-
-
-@dataclass
-class StopOrder:
-    node_id: str
-    container_id: str
-    grace_s: float
-    reason: str
-
-
-Effect = LaunchAM | JobChanged
-
-
-@dataclass
-class ContainerReport:
-    """What an agent says about one of its containers."""
-
-    container_id: str
-    state: str                 # STARTING, RUNNING, EXITED, FAILED_TO_START, LOST
-    pid: int = 0
-    exit_code: int = 0
-    signal: int = 0
-    stopped: bool = False
-    diagnostics: str = ""
-    infra_failure: bool = False
-    job_id: str = ""
-
-    @property
-    def live(self) -> bool:
-        return self.state in ("STARTING", "RUNNING")
-
-
-@dataclass
-class NodeRegistration:
-    node_id: str
-    host: str
-    port: int
-    rack: str
-    ib_domain: str
-    gpus: list[GpuRecord]
-    cpus: int = 0
-    memory_mib: int = 0
-    containers: list[ContainerReport] = field(default_factory=list)
-    agent_version: str = ""
-    agent_instance: str = ""
-    healthy: bool = True
-    health_report: str = ""
-
-
-class HeartbeatAction(enum.Enum):
-    OK = "OK"
-    REREGISTER = "REREGISTER"
-
-
-@dataclass
-class AttemptUpdate:
-    """An AM's report of one attempt (mirrors pb.AttemptReport)."""
-
-    number: int
-    state: JobState
-    learners: list[Learner] = field(default_factory=list)
-    waiting_reason: str = ""
-    level: str = ""
-    failure: FailureKind = FailureKind.NONE
-    cause: str = ""
-    exit_code: int = 0
-    counts_as_failure: bool = False
-    start_time: float = 0.0
-    end_time: float = 0.0
-
-
-@dataclass
-class AllocateResult:
-    response_id: int
-    grants: list[Grant]
-    completed: list[Container]
-    kill_requested: bool
-    preempt_ids: list[str] = field(default_factory=list)
-    preempt_deadline: float = 0.0
-    preempt_reason: str = ""
-    plan_now: bool = False        # GPUs wait for it (idle, or freed for it by in-queue preemption): end a back-off
-
-
-@dataclass
-class InQueueLook:
-    """What preempt_in_queue last found in one queue. Its answer can change only through the jobs changed since
-    (`dirty`), jobs whose rank or age moves with the clock (`timers`: when, job), and, when it found outranking
-    jobs but no room for them (`stuck`), GPUs coming idle."""
-
-    worst: tuple[float, float] | None       # the worst rank of a running job old enough to be preempted
-    best: tuple[float, float] | None        # the best rank of a waiting job (STARVED once starved)
-    timers: list[tuple[float, str]]         # a heap: a young job grown old enough, a rank crossing a level,
-                                            # a waiting job starving
-    stuck: tuple[int, list[int]] | None = None   # the cluster's shape version and idle GPUs per server then
-    dirty: dict[str, None] = field(default_factory=dict)
-
-    def quiet_at(self, now: float) -> bool:
-        """No timer has come due."""
-        return not self.timers or self.timers[0][0] > now
-
-
-@dataclass
-class AppState:
-    """The RM's side of one running AM."""
-
-    app: App
-    am_attempt: int
-    registered: bool = False
-    last_seen: float = 0.0
-    response_id: int = 0
-    last_response: AllocateResult | None = None
-    pending_grants: list[Grant] = field(default_factory=list)
-    completed: list[Container] = field(default_factory=list)
-    delivered: set[str] = field(default_factory=set)   # ends this AM has been sent
-    preempt_ids: list[str] = field(default_factory=list)
-    preempt_deadline: float = 0.0
-    preempt_reason: str = ""
-
-
-@dataclass
-class Dirty:
-    jobs: set[str] = field(default_factory=set)
-    containers: set[str] = field(default_factory=set)
-    nodes: set[str] = field(default_factory=set)
-    meta: bool = False
-
-    def __bool__(self) -> bool:
-        return bool(self.jobs or self.containers or self.nodes or self.meta)
 
 
 class RMCore:
@@ -232,29 +75,22 @@ class RMCore:
         self.queues = QueueBook(tree or default_tree())
         self.scheduler = Scheduler(self.cluster, self.queues)
         self.jobs: dict[str, Job] = {}
-        self.containers: dict[str, Container] = {}
-        self.by_job: dict[str, list[str]] = {}    # job id -> its container ids, oldest first (an index)
-        self.live: dict[str, Container] = {}      # containers not yet ended (an index over containers)
-        self.live_by_job: dict[str, dict[str, Container]] = {}   # the same, per job
-        self.unstarted: dict[str, None] = {}      # learner grants not yet seen running
-        # Unfinished jobs without a running AM, per queue, in launch order: (restarts first, submit order).
-        self.needs_am: dict[str, SortedKeys[tuple[int, int, str]]] = {}
-        self.live_ams: dict[str, dict[str, None]] = {}  # node -> its live AM containers
-        self.with_am: dict[str, None] = {}        # unfinished jobs whose AM container lives (ordered: determinism)
-        self.with_am_by_queue: dict[str, dict[str, None]] = {}   # the same, per queue
-        self.learners_live: dict[str, int] = {}   # job id -> how many live learner containers it has (if any)
-        self.preempting: dict[str, None] = {}     # live containers under a preemption deadline
+        # The container records and their indexes (rm/containers.py); the names below are that object's dicts.
+        self.index = ContainerIndex(self._runs_changed)
+        self.containers = self.index.containers
+        self.by_job = self.index.by_job
+        self.live = self.index.live
+        self.live_by_job = self.index.live_by_job
+        self.unstarted = self.index.unstarted
+        self.live_ams = self.index.live_ams
+        self.learners_live = self.index.learners_live
+        self.preempting = self.index.preempting
         self.asking: dict[str, AppState] = {}     # apps with outstanding asks: what a scheduling pass looks at
         # A full scheduling pass is due when GPUs came free or nodes / limits changed; otherwise only apps whose
         # asks changed can be granted anything, and a pass looks at those alone.
         self.pass_due = True
         self.new_askers: dict[str, None] = {}
         self._seen_releases = -1
-        self._next_check: tuple[tuple[int, int, int, int], float | None] | None = None
-        # GPUs preemption freed for a queue that it has not been granted yet: (GPUs, until), per queue. They keep
-        # counting as reclaimed, so the queue's starvation is not answered a second time meanwhile.
-        self.reclaimed: dict[str, list[tuple[int, float]]] = {}
-        self.reclaiming_live: dict[str, int] = {}   # GPUs of live containers under a preemption deadline, per queue
         # Jobs in-queue preemption found GPUs for (idle ones, or ones it frees): their next allocate reply says to
         # plan now, as an AM backing off would otherwise leave them idle for minutes.
         self.nudged: dict[str, None] = {}
@@ -263,28 +99,36 @@ class RMCore:
         self.next_job_seq = 1
         self.submit_ids: dict[str, str] = {}
         self.outbox: list[Effect] = []
-        self.stops: dict[str, dict[str, StopOrder]] = {}   # node id -> container id -> order not yet sent
-        self._stop_sent: dict[str, float] = {}              # container id -> when its stop was last sent
+        self.stop_orders = StopBook()       # stop orders for the agents' streams
         self.next_container_seq = 1
         self.recovered_at = 0.0     # when this RM (re)started: AMs and grants older than that get a fresh clock
         self.dirty = Dirty()
-        # Caches for `standing` (ranking las / srtf jobs is asked for often): per job, (GPUs, started) of its
-        # started live learners, dropped whenever one of its containers starts, is added or ends; and the Standing
-        # of a job that runs nothing, which only changes with its attained service and idle time.
-        self._runs: dict[str, tuple[tuple[int, float], ...]] = {}
-        self._idle_standing: dict[str, tuple[tuple[float, float, float, float], priority.Standing]] = {}
-        self._idle_rank: dict[str, tuple[Policy, priority.Standing, tuple[float, float, int], float]] = {}
-        # What in-queue preemption last found per queue, and the jobs changed since (an AM comes or goes, learners
-        # come, start or go, a job is preempted, its locality level moves): see preempt_in_queue.
-        self._inqueue_looks: dict[str, InQueueLook] = {}
-        self._rooms_cache: tuple[int, list[tuple[str, str, int]]] | None = None
-        self._run_rank: dict[str, tuple[tuple[tuple[int, float], ...], Policy, tuple[float, float], float, float]] = {}
+        # Which jobs want an AM or have one, and where the next AMs go.
+        # Nodes: registration, heartbeats, health, expiry, loss, draining.
+        self.nodes = NodeRegistry(self.cluster, self._node_changed, self._launch_ams)
+        self.ams = AMLauncher(self.cluster, self.queues, self.jobs, self.live_ams, self.settings.max_active_ams,
+                              self.settings.max_acquiring_per_queue, self._start_am)
+        # Where jobs stand for las / srtf (cached), and in-queue preemption (each queue's last look).
+        self.standings = Standings(self.live_by_job)
+        self.inqueue = InQueuePreemption(self.cluster, self.queues, self.scheduler, self.standings, self.jobs,
+                                         self.live_by_job, self.learners_live, self.ams.with_am_by_queue, self.nudged,
+                                         self.settings.inqueue_min_run_s, self._preempt_job)
+        # Fair-share preemption across queues: who is owed, reclaimed GPUs held for them, hoarded grants.
+        self.reclaims = Reclaims(self.cluster, self.queues, self.jobs, self.index, self.ams, self.apps, self.asking,
+                                 self.settings.inqueue_preemption, self.settings.inqueue_min_run_s,
+                                 self._preempt_job, self._revoke)
 
     # ------------------------------------------------------------ bookkeeping helpers
 
     def _job_changed(self, job: Job) -> None:
         self.dirty.jobs.add(job.job_id)
         self.outbox.append(JobChanged(job.job_id))
+
+    def _node_changed(self, node_id: str) -> None:
+        self.dirty.nodes.add(node_id)
+
+    def _launch_ams(self, now: float) -> None:
+        self.ams.launch(now)
 
     def _container_changed(self, c: Container) -> None:
         self.dirty.containers.add(c.container_id)
@@ -298,19 +142,21 @@ class RMCore:
         return d
 
     def take_stops(self, node_id: str, now: float) -> list[StopOrder]:
-        orders = list(self.stops.pop(node_id, {}).values())
-        for o in orders:
-            self._stop_sent[o.container_id] = now
-        return orders
+        return self.stop_orders.take(node_id, now)
 
     def nodes_with_stops(self) -> list[str]:
-        return [n for n, orders in self.stops.items() if orders]
+        return self.stop_orders.nodes()
+
+    @property
+    def stops(self) -> dict[str, dict[str, StopOrder]]:
+        """Stop orders not yet sent: node id -> container id -> order."""
+        return self.stop_orders.pending
 
     def _order_stop(self, c: Container, grace_s: float, reason: str) -> None:
         c.stop_requested = True
         c.stop_reason = c.stop_reason or reason
         self._container_changed(c)
-        self.stops.setdefault(c.node_id, {})[c.container_id] = StopOrder(c.node_id, c.container_id, grace_s, reason)
+        self.stop_orders.order(StopOrder(c.node_id, c.container_id, grace_s, reason))
 
     def get_job(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)
@@ -320,138 +166,46 @@ class RMCore:
         return job
 
     def _add_container(self, c: Container) -> None:
-        self.containers[c.container_id] = c
-        self.by_job.setdefault(c.job_id, []).append(c.container_id)
-        if c.phase.live:
-            self._index_live(c)
+        self.index.add(c)
         self._container_changed(c)
 
     def _runs_changed(self, job_id: str) -> None:
         """A job's learners came, started or went: drop its cached runs, and look at its queue's in-queue ranks
         again (see preempt_in_queue)."""
-        self._runs.pop(job_id, None)
-        self._idle_rank.pop(job_id, None)     # its service, idle time or promotion may be about to change
+        self.standings.runs_changed(job_id)
         job = self.jobs.get(job_id)
         if job is not None:
             self._inqueue_touch(job)
 
-    def _index_live(self, c: Container) -> None:
-        self._runs_changed(c.job_id)
-        if c.kind is ContainerKind.LEARNER and c.container_id not in self.live:
-            self.learners_live[c.job_id] = self.learners_live.get(c.job_id, 0) + 1
-        self.live[c.container_id] = c
-        self.live_by_job.setdefault(c.job_id, {})[c.container_id] = c
-        if c.preempt_deadline:
-            self.preempting[c.container_id] = None
-        if c.kind is ContainerKind.LEARNER and c.phase is ContainerPhase.ALLOCATED:
-            self.unstarted[c.container_id] = None
-        if c.kind is ContainerKind.AM:
-            self.live_ams.setdefault(c.node_id, {})[c.container_id] = None
-
-    def _unindex_live(self, c: Container) -> None:
-        self._runs_changed(c.job_id)
-        self.preempting.pop(c.container_id, None)
-        if c.kind is ContainerKind.LEARNER and c.container_id in self.live:
-            left = self.learners_live.get(c.job_id, 0) - 1
-            if left > 0:
-                self.learners_live[c.job_id] = left
-            else:
-                self.learners_live.pop(c.job_id, None)
-        self.live.pop(c.container_id, None)
-        self.unstarted.pop(c.container_id, None)
-        if c.kind is ContainerKind.AM:
-            self.live_ams.get(c.node_id, {}).pop(c.container_id, None)
-        mine = self.live_by_job.get(c.job_id)
-        if mine is not None:
-            mine.pop(c.container_id, None)
-            if not mine:
-                del self.live_by_job[c.job_id]
-
     def _inqueue_touch(self, job: Job) -> None:
         """The job's rank, run or locality level changed: its queue's next in-queue look must weigh it."""
-        look = self._inqueue_looks.get(job.queue)
-        if look is not None:
-            look.dirty[job.job_id] = None
+        self.inqueue.touch(job)
 
     def _am_up(self, job: Job) -> None:
-        self.with_am[job.job_id] = None
-        self.with_am_by_queue.setdefault(job.queue, {})[job.job_id] = None
+        self.ams.up(job)
         self._inqueue_touch(job)
 
     def _am_gone(self, job: Job) -> None:
-        self.with_am.pop(job.job_id, None)
+        self.ams.gone(job)
         self.nudged.pop(job.job_id, None)
-        self.with_am_by_queue.get(job.queue, {}).pop(job.job_id, None)
         self._inqueue_touch(job)
 
-    def _want_am(self, job: Job) -> None:
-        key = (0 if job.admitted else 1, job.seq, job.job_id)
-        self.needs_am.setdefault(job.queue, SortedKeys()).add(key)
-
-    def _drop_am_wish(self, job: Job) -> None:
-        entries = self.needs_am.get(job.queue)
-        if entries is not None:
-            entries.discard((0, job.seq, job.job_id))
-            entries.discard((1, job.seq, job.job_id))
-
     def job_containers(self, job_id: str, live_only: bool = True) -> list[Container]:
-        if live_only:
-            return list(self.live_by_job.get(job_id, {}).values())
-        return [self.containers[cid] for cid in self.by_job.get(job_id, ())]
+        return self.index.of_job(job_id, live_only)
 
     def live_count(self, job_id: str) -> int:
-        return len(self.live_by_job.get(job_id, ()))
+        return self.index.live_count(job_id)
 
     # ------------------------------------------------------------ submit / kill
 
     def resolve_queue(self, name: str) -> str:
-        tree = self.queues.tree
-        if not name:
-            q = tree.find(DEFAULT_QUEUE)
-            if q is None or not q.leaf:
-                raise RequestError(ErrorCode.INVALID_ARGUMENT,
-                                   "queue: the job names no queue and there is no `default` leaf queue; name one "
-                                   "with --queue (see `gpurm queues`)")
-            return q.path
-        q = tree.find(name)
-        leaves = ", ".join(leaf.short for leaf in tree.leaves)
-        if q is None:
-            raise RequestError(ErrorCode.INVALID_ARGUMENT,
-                               f"queue: no queue {name!r}; jobs go to a leaf queue: {leaves}")
-        if not q.leaf:
-            below = ", ".join(leaf.short for leaf in tree.leaves if leaf.path.startswith(q.path + "."))
-            raise RequestError(ErrorCode.INVALID_ARGUMENT,
-                               f"queue: {q.short} is a parent queue; jobs go to one of its leaves: {below}")
-        return q.path
+        return admission.resolve_queue(self.queues.tree, name)
 
     def submit(self, spec: JobSpec, user: str, now: float, submit_id: str = "", groups: Iterable[str] = (),
                check_acl: bool = True) -> Job:
         if submit_id and submit_id in self.submit_ids:
             return self.jobs[self.submit_ids[submit_id]]
-        queue = self.resolve_queue(spec.queue)
-        leaf = self.queues.tree.by_path[queue]
-        if check_acl and not acl_allows(leaf.effective_submit, user, groups):
-            admins = ", ".join(sorted(leaf.effective_admin)) or "an RM admin"
-            raise RequestError(ErrorCode.PERMISSION_DENIED,
-                               f"queue: {user} may not submit to {leaf.short} (submit ACL: "
-                               f"{', '.join(sorted(leaf.effective_submit))}); ask {admins} for access")
-        total = self.cluster.total_gpus
-        if spec.gpus > total:
-            raise RequestError(
-                ErrorCode.INVALID_ARGUMENT,
-                f"gpus: the job asks for {spec.gpus} GPUs but the whole cluster has {total}; "
-                "ask for fewer (see `gpurm nodes`)" if total else
-                f"gpus: the job asks for {spec.gpus} GPUs but no node has registered yet; start agents first",
-            )
-        limit = leaf.max_gpus_per_user if leaf.max_gpus_per_user is not None else leaf.max_gpus
-        for q in leaf.ancestry():
-            if q.max_gpus is not None and spec.gpus > q.max_gpus:
-                raise RequestError(ErrorCode.INVALID_ARGUMENT,
-                                   f"gpus: {spec.gpus} is above queue {q.short}'s max_gpus ({q.max_gpus}); "
-                                   "it could never run there")
-        if limit is not None and spec.gpus > limit:
-            raise RequestError(ErrorCode.INVALID_ARGUMENT,
-                               f"gpus: {spec.gpus} is above max_gpus_per_user ({limit}) of {leaf.short}")
+        queue = admission.admit(self.queues.tree, spec, user, groups, self.cluster.total_gpus, check_acl)
         seq = self.next_job_seq
         self.next_job_seq += 1
         self.dirty.meta = True
@@ -461,17 +215,14 @@ class RMCore:
         if submit_id:
             self.submit_ids[submit_id] = job.job_id
         self.queues.want(queue, spec.gpus)
-        self._want_am(job)
+        self.ams.want(job)
         self._job_changed(job)
-        self._launch_ams(now)
+        self.ams.launch(now)
         return job
 
     def may_kill(self, job: Job, user: str, groups: Iterable[str] = (), rm_admin: bool = False) -> bool:
         """The job's owner, its queue's admins and the RM's admins may kill it."""
-        if rm_admin or user == job.user:
-            return True
-        leaf = self.queues.tree.by_path.get(job.queue)
-        return leaf is not None and acl_allows(leaf.effective_admin, user, groups)
+        return admission.may_kill(self.queues.tree, job, user, groups, rm_admin)
 
     def kill(self, job_id: str, user: str, reason: str, now: float, groups: Iterable[str] = (),
              rm_admin: bool = False) -> Job:
@@ -500,12 +251,10 @@ class RMCore:
         job.exit_code = exit_code
         job.waiting_reason = ""
         self.queues.want(job.queue, -job.spec.gpus)
-        self._idle_standing.pop(job.job_id, None)
-        self._idle_rank.pop(job.job_id, None)
-        self._run_rank.pop(job.job_id, None)
+        self.standings.forget(job.job_id)
         if job.admitted:
             self.queues.activate(job.queue, -1)
-        self._drop_am_wish(job)
+        self.ams.drop(job)
         self._am_gone(job)
         app = self.apps.pop(job.job_id, None)
         self.asking.pop(job.job_id, None)
@@ -526,80 +275,12 @@ class RMCore:
 
     # ------------------------------------------------------------ AM launching
 
-    def _am_counts(self) -> tuple[int, dict[str, int]]:
-        """Jobs acquiring GPUs (an AM, not yet running): cluster-wide and per queue."""
-        active = 0
-        acquiring: dict[str, int] = {}
-        for job_id in self.with_am:
-            j = self.jobs[job_id]
-            if j.state in (JobState.QUEUED, JobState.ALLOCATING):
-                active += 1
-                acquiring[j.queue] = acquiring.get(j.queue, 0) + 1
-        return active, acquiring
-
-    def _launch_ams(self, now: float) -> None:
-        """Start AMs: a replacement AM for any admitted job whose AM ended (those hold their slot), then queued
-        jobs in submission order within the AM limits. Each queue's waiting jobs are kept sorted, so this touches
-        only the jobs it starts (plus one per queue that cannot start)."""
-        if not any(self.needs_am.values()):
-            return
-        nodes = [n for n in self.cluster.nodes.values() if n.offering and n.unreachable_since is None]
-        if not nodes:
-            return
-        # Counting the acquiring jobs walks every job with an AM; skip it when no limit can bind this call.
-        waiting = sum(len(e) for e in self.needs_am.values())
-        bound = len(self.with_am) + waiting
-        limited = bound >= self.settings.max_active_ams or bound >= self.settings.max_acquiring_per_queue
-        active, acquiring = self._am_counts() if limited else (0, {})
-        by_load = [(len(self.live_ams.get(n.node_id, ())), n.node_id) for n in nodes]   # a heap: least loaded first
-        heapq.heapify(by_load)
-        heads = [(entries.first(), queue) for queue, entries in self.needs_am.items() if entries]
-        heapq.heapify(heads)
-        while heads:
-            key, queue = heapq.heappop(heads)
-            entries = self.needs_am[queue]
-            job = self.jobs[key[2]]
-            if not job.admitted:
-                if limited and active >= self.settings.max_active_ams:
-                    continue      # only restarts (which sort first) may still start
-                if (limited and acquiring.get(queue, 0) >= self.settings.max_acquiring_per_queue) \
-                        or self._running_limit(job):
-                    continue      # this queue is full: its later jobs wait too
-                active += 1
-                acquiring[queue] = acquiring.get(queue, 0) + 1
-            entries.pop_first()
-            count, node_id = by_load[0]
-            heapq.heapreplace(by_load, (count + 1, node_id))
-            self._start_am(job, node_id, now)
-            if entries:
-                heapq.heappush(heads, (entries.first(), queue))
-
     def queued_reason(self, job: Job) -> str:
-        """Why a job has no AM yet (computed when asked, so a long backlog costs nothing while it waits)."""
-        if not any(n.offering for n in self.cluster.nodes.values()):
-            return "waiting for a node to run its AM: no node is up"
-        active, acquiring = self._am_counts()
-        if not job.admitted:
-            full = self._running_limit(job)
-            if full:
-                return full
-            if acquiring.get(job.queue, 0) >= self.settings.max_acquiring_per_queue:
-                ahead = sum(1 for k in self.needs_am.get(job.queue, ()) if k[1] < job.seq)
-                return (f"waiting behind {acquiring[job.queue]} jobs acquiring GPUs in "
-                        f"{job.queue.removeprefix('root.')}" + (f" ({ahead} more queued ahead)" if ahead else ""))
-            if active >= self.settings.max_active_ams:
-                return f"waiting for an AM slot: {active} jobs are acquiring GPUs cluster-wide"
-        return job.waiting_reason or "waiting for its AM to start"
-
-    def _running_limit(self, job: Job) -> str:
-        leaf = self.queues.tree.by_path.get(job.queue)
-        for q in leaf.ancestry() if leaf is not None else ():
-            if q.max_running_jobs is not None and self.queues.jobs_active.get(q.path, 0) >= q.max_running_jobs:
-                return f"queue {q.short} runs its max_running_jobs ({q.max_running_jobs}); waiting for one to end"
-        return ""
+        """Why a job has no AM yet."""
+        return self.ams.queued_reason(job)
 
     def _start_am(self, job: Job, node_id: str, now: float) -> None:
-        self._drop_am_wish(job)
+        self.ams.drop(job)
         self._am_up(job)
         if not job.admitted:
             job.admitted = True
@@ -670,9 +351,9 @@ class RMCore:
             log.warning("AM of %s ended (%s); starting AM attempt %d", job.job_id, c.exit.describe(),
                         job.am_attempt + 1)
             job.waiting_reason = f"AM attempt {job.am_attempt} ended ({c.exit.describe()}); restarting the AM"
-        self._want_am(job)
+        self.ams.want(job)
         self._job_changed(job)
-        self._launch_ams(now)
+        self.ams.launch(now)
 
     def _fail_job(self, job: Job, why: str, now: float, kind: FailureKind) -> None:
         attempt = job.current_attempt
@@ -688,20 +369,7 @@ class RMCore:
 
     def register_node(self, reg: NodeRegistration, session: str, now: float) -> list[StopOrder]:
         """Add or re-add a node; reconcile what it runs with the RM's records. Returns containers to stop."""
-        old = self.cluster.nodes.get(reg.node_id)
-        node = Node(node_id=reg.node_id, host=reg.host, port=reg.port, rack=reg.rack,
-                    ib_domain=reg.ib_domain or reg.rack, gpus={g.index: g for g in reg.gpus}, cpus=reg.cpus,
-                    memory_mib=reg.memory_mib, last_heartbeat=now, session=session,
-                    agent_instance=reg.agent_instance, agent_version=reg.agent_version,
-                    drain=old.drain if old else False, health_report=reg.health_report)
-        node.state = self._healthy_state(node, reg.healthy)
-        # Allocations the RM holds on this node survive re-registration.
-        for c in self.live.values():
-            if c.node_id == reg.node_id:
-                for i in c.gpu_indices:
-                    node.allocated[i] = c.container_id
-        self.cluster.upsert(node)
-        self.dirty.nodes.add(node.node_id)
+        node = self.nodes.admit(reg, session, now, self.live.values())
         stops: list[StopOrder] = []
         reported = {r.container_id for r in reg.containers}
         for r in reg.containers:
@@ -714,45 +382,25 @@ class RMCore:
             if c.phase is ContainerPhase.RUNNING or c.started:
                 self._complete(c, ExitStatus(ExitKind.LOST, diagnostics=f"agent on {reg.node_id} restarted "
                                              "without it", infra=True), now)
-        self.stops.pop(reg.node_id, None)
+        self.stop_orders.drop_node(reg.node_id)
         for c in self.live.values():
             if c.node_id == reg.node_id and c.stop_requested:
                 stops.append(StopOrder(c.node_id, c.container_id, self.settings.kill_grace_s, c.stop_reason))
         log.info("node %s registered (%s:%d, rack %s, %d GPUs, %d containers)", reg.node_id, reg.host, reg.port,
                  node.rack, len(node.gpus), len(reg.containers))
-        self._launch_ams(now)
+        self.ams.launch(now)
         return stops
-
-    def _healthy_state(self, node: Node, healthy: bool) -> NodeState:
-        if node.drain:
-            return NodeState.DRAINING
-        return NodeState.RUNNING if healthy else NodeState.UNHEALTHY
 
     def node_heartbeat(self, node_id: str, session: str, reports: Iterable[ContainerReport], now: float,
                        healthy: bool = True, health_report: str = "",
                        gpu_health: Iterable[tuple[int, bool, str]] = ()) -> HeartbeatAction:
-        node = self.cluster.nodes.get(node_id)
-        if node is None or node.session != session or node.state is NodeState.LOST:
+        node = self.nodes.beat(node_id, session, now, healthy, health_report, gpu_health)
+        if node is None:
             return HeartbeatAction.REREGISTER
-        node.last_heartbeat = now
-        if node.unreachable_since is not None and now - node.unreachable_since > UNREACHABLE_HOLD_S:
-            node.unreachable_since = None        # it beats: try it again for AMs
-            self._launch_ams(now)
-        for index, ok, reason in gpu_health:
-            gpu = node.gpus.get(index)
-            if gpu is not None and (gpu.healthy, gpu.health_reason) != (ok, reason):
-                log.warning("node %s: GPU %d %s", node_id, index, "healthy again" if ok else f"unhealthy: {reason}")
-                self.cluster.set_gpu_health(node_id, index, ok, reason)
-                self.dirty.nodes.add(node_id)
-        if node.health_report != health_report or node.state is not self._healthy_state(node, healthy):
-            node.health_report = health_report
-            if node.state is not NodeState.DECOMMISSIONED:
-                self.cluster.set_state(node_id, self._healthy_state(node, healthy))
-            self.dirty.nodes.add(node_id)
         for r in reports:
             stop = self._apply_report(node, r, now)
             if stop is not None:
-                self.stops.setdefault(node_id, {})[stop.container_id] = stop
+                self.stop_orders.order(stop)
         return HeartbeatAction.OK
 
     def _apply_report(self, node: Node, r: ContainerReport, now: float) -> StopOrder | None:
@@ -804,39 +452,21 @@ class RMCore:
             self.dirty.jobs.add(job.job_id)
 
     def expire_nodes(self, now: float) -> list[str]:
-        limit = self.settings.heartbeat_interval_s * self.settings.missed_beats
-        lost = []
-        for node in self.cluster.nodes.values():
-            if node.state in (NodeState.LOST, NodeState.DECOMMISSIONED):
-                continue
-            if now - node.last_heartbeat > limit:
-                lost.append(node.node_id)
+        lost = self.nodes.late(now, self.settings.heartbeat_interval_s * self.settings.missed_beats)
         for node_id in lost:
             self.mark_node_lost(node_id, f"missed {self.settings.missed_beats} heartbeats", now)
         return lost
 
     def mark_node_lost(self, node_id: str, why: str, now: float) -> None:
-        node = self.cluster.nodes[node_id]
-        log.warning("node %s is LOST: %s", node_id, why)
-        self.cluster.set_state(node_id, NodeState.LOST)
-        node.health_report = why
-        node.session = ""
-        self.dirty.nodes.add(node_id)
-        self.stops.pop(node_id, None)
+        self.nodes.lose(node_id, why)
+        self.stop_orders.drop_node(node_id)
         for c in list(self.live.values()):
             if c.node_id == node_id:
                 self._complete(c, ExitStatus(ExitKind.LOST, diagnostics=f"node {node_id} lost ({why})",
                                              infra=True), now)
 
     def drain(self, node_id: str, undrain: bool, now: float) -> Node:
-        node = self.cluster.nodes.get(node_id)
-        if node is None:
-            raise RequestError(ErrorCode.NOT_FOUND, f"node_id: no node {node_id!r}; see `gpurm nodes`")
-        node.drain = not undrain
-        if node.state in (NodeState.RUNNING, NodeState.DRAINING, NodeState.UNHEALTHY):
-            self.cluster.set_state(node_id, NodeState.DRAINING if node.drain else NodeState.RUNNING)
-        self.dirty.nodes.add(node_id)
-        return node
+        return self.nodes.drain(node_id, undrain)
 
     # ------------------------------------------------------------ containers
 
@@ -846,19 +476,16 @@ class RMCore:
         c.phase = ContainerPhase.COMPLETED
         c.finished = now
         c.exit = exit_status
-        self._unindex_live(c)
-        if c.preempt_deadline:
-            self.reclaiming_live[c.preempted_for] = self.reclaiming_live.get(c.preempted_for, 0) - c.gpus
+        self.index.unindex_live(c)
         if c.gpus:
             self.pass_due = True
         self.cluster.release(c.node_id, c.gpu_indices, c.container_id)
         job_of = self.jobs.get(c.job_id)
         if c.kind is ContainerKind.LEARNER and job_of is not None:
             self.queues.charge(job_of.queue, job_of.user, -c.gpus)
-        if c.preempted_for:
-            self.reclaimed.setdefault(c.preempted_for, []).append((c.gpus, now + RECLAIM_HOLD_S))
+        self.reclaims.ended(c, now)
         self._container_changed(c)
-        self._stop_sent.pop(c.container_id, None)
+        self.stop_orders.ended(c.container_id)
         job = self.jobs.get(c.job_id)
         if job is None:
             return
@@ -889,21 +516,8 @@ class RMCore:
 
     def _update_learner(self, c: Container) -> None:
         job = self.jobs.get(c.job_id)
-        if job is None:
-            return
-        for attempt in reversed(job.attempts):
-            for learner in attempt.learners:
-                if learner.container_id == c.container_id:
-                    learner.pid = c.pid or learner.pid
-                    if c.phase is ContainerPhase.RUNNING:
-                        learner.state = "RUNNING"
-                    elif c.phase is ContainerPhase.COMPLETED:
-                        learner.state = {ExitKind.FAILED_TO_START: "FAILED_TO_START",
-                                         ExitKind.LOST: "LOST"}.get(c.exit.kind, "EXITED")
-                        learner.exit_code = c.exit.exit_code
-                        learner.signal = c.exit.signal
-                    self._job_changed(job)
-                    return
+        if job is not None and attempts.follow_container(job, c):
+            self._job_changed(job)
 
     # ------------------------------------------------------------ the AM protocol
 
@@ -1026,48 +640,11 @@ class RMCore:
         self._order_stop(c, self.settings.kill_grace_s, "released by its AM")
 
     def _apply_attempt(self, job: Job, report: AttemptUpdate, now: float) -> None:
-        if report.number < 1 or report.number > len(job.attempts) + 1:
-            return
-        attempt = job.attempts[report.number - 1] if report.number <= len(job.attempts) else None
-        if attempt is None or (report.level and report.level != attempt.level):
+        applied, moved = attempts.apply_report(job, report, self.containers, self.cluster.nodes, now)
+        if moved:
             self._inqueue_touch(job)         # its locality level decides what room helps it
-        if attempt is None:
-            attempt = Attempt(number=report.number, start_time=report.start_time or now, am_attempt=job.am_attempt)
-            job.attempts.append(attempt)
-        attempt.state = report.state
-        attempt.waiting_reason = report.waiting_reason
-        attempt.level = report.level or attempt.level
-        attempt.failure = report.failure
-        attempt.cause = report.cause
-        attempt.exit_code = report.exit_code
-        attempt.counts_as_failure = report.counts_as_failure
-        attempt.end_time = report.end_time
-        if report.learners:
-            attempt.learners = report.learners
-            for learner in attempt.learners:
-                c = self.containers.get(learner.container_id)
-                if c is not None:
-                    learner.pid = learner.pid or c.pid
-                    learner.preemptible = c.preemptible
-                    node = self.cluster.nodes.get(c.node_id)
-                    learner.host = learner.host or (node.host if node else "")
-                    if c.phase is ContainerPhase.COMPLETED:
-                        # The agent's word on how it ended beats the AM's (older) view of it.
-                        learner.state = {ExitKind.FAILED_TO_START: "FAILED_TO_START",
-                                         ExitKind.LOST: "LOST"}.get(c.exit.kind, "EXITED")
-                        learner.exit_code, learner.signal = c.exit.exit_code, c.exit.signal
-        job.failures = sum(1 for a in job.attempts if a.counts_as_failure)
-        job.preemptions = sum(1 for a in job.attempts if a.failure is FailureKind.PREEMPTED)
-        if not job.state.terminal and report.number == len(job.attempts):
-            if report.state is JobState.RUNNING:
-                job.state = JobState.RUNNING
-                job.waiting_reason = ""
-                if not job.start_time:
-                    job.start_time = now
-            elif report.state is JobState.ALLOCATING:
-                job.state = JobState.ALLOCATING
-                job.waiting_reason = report.waiting_reason
-        self._job_changed(job)
+        if applied:
+            self._job_changed(job)
 
     def finish_am(self, job_id: str, am_attempt: int, final: JobState, diagnostics: str, exit_code: int,
                   reports: list[AttemptUpdate], now: float) -> Job:
@@ -1108,8 +685,8 @@ class RMCore:
         waiting_before = self.queues.waiting(self.queues.shares(self.cluster.capacity)) if targeted else set()
         if self._ranked:
             for app in apps:
-                app.standing = self.standing(self.jobs[app.job_id], now)
-        grants = self.scheduler.schedule(apps, self._new_container_id, now, self._reserved(now))
+                app.standing = self.standings.standing(self.jobs[app.job_id], now)
+        grants = self.scheduler.schedule(apps, self._new_container_id, now, self.reclaims.reserved(now))
         for app in apps:
             if not app.asks:
                 self.asking.pop(app.job_id, None)
@@ -1118,7 +695,7 @@ class RMCore:
             self.pass_due = True
             grants += self.schedule(now)
         for g in grants:
-            self._consume_reclaimed(self.jobs[g.job_id].queue, len(g.gpu_indices))
+            self.reclaims.consume(self.jobs[g.job_id].queue, len(g.gpu_indices))
         for g in grants:
             job = self.jobs[g.job_id]
             attempt = job.current_attempt
@@ -1154,10 +731,8 @@ class RMCore:
                 self._complete(c, ExitStatus(ExitKind.EXPIRED, diagnostics="stopped before it ever started"), now)
                 continue
             if c.stop_requested:
-                sent = self._stop_sent.get(c.container_id, 0.0)
-                if now - sent > s.stop_resend_s and c.container_id not in self.stops.get(c.node_id, {}):
-                    self.stops.setdefault(c.node_id, {})[c.container_id] = StopOrder(
-                        c.node_id, c.container_id, s.kill_grace_s, c.stop_reason)
+                if self.stop_orders.resend_due(c.node_id, c.container_id, now, s.stop_resend_s):
+                    self.stop_orders.order(StopOrder(c.node_id, c.container_id, s.kill_grace_s, c.stop_reason))
                 continue
             job = self.jobs.get(c.job_id)
             if c.preempt_deadline and now >= c.preempt_deadline:
@@ -1183,126 +758,25 @@ class RMCore:
             elif c.kind is ContainerKind.AM and job is not None and job.state.terminal \
                     and now - job.finish_time > s.kill_grace_s + s.am_liveness_timeout_s:
                 self._order_stop(c, s.kill_grace_s, "job finished")
-        self._launch_ams(now)
+        self.ams.launch(now)
 
     # ------------------------------------------------------------ queues: preemption, refresh, views
 
     def preempt(self, now: float) -> list[preemption.Decision]:
-        """Start the preemptions starving queues are owed (see rm/preemption.py)."""
-        book = self.queues
-        shares = book.shares(self.cluster.capacity)
-        reclaiming = {q: g for q, g in self.reclaiming_live.items() if g > 0}
-        for queue, holds in list(self.reclaimed.items()):
-            holds[:] = [(g, until) for g, until in holds if until > now]
-            reclaiming[queue] = reclaiming.get(queue, 0) + sum(g for g, _ in holds)
-        if not preemption.owed(book, shares, now, reclaiming):
-            return []                      # the usual case: nobody is owed GPUs; skip gathering candidates
-        inst = shares.instantaneous
-        if not any(book.used.get(q.path, 0) > inst.get(q.path, 0) and q.effective_preemptible
-                   for q in book.tree.leaves):
-            return []                      # owed, but nobody has GPUs to spare
-        holding = self._holding()
-        busy = self._being_preempted()
-        candidates = []
-        for job_id, held in holding.items():
-            job = self.jobs[job_id]
-            if job.state.terminal or job_id in busy:
-                continue
-            candidates.append(preemption.Candidate(job_id, job.queue, sum(c.gpus for c in held),
-                                                   max(c.created for c in held), job.seq))
-        decisions = preemption.decide(book, shares, now, candidates, reclaiming)
-        grace = 0.0
-        for d in decisions:
-            grace = book.tree.by_path[d.beneficiary].preemption.grace_s
-            for v in d.victims:
-                self._preempt_job(self.jobs[v.job_id], d, grace, now)
-            log.info("preempting %s (%d GPUs) for %s: %s", ", ".join(v.job_id for v in d.victims), d.gpus,
-                     d.beneficiary, d.reason)
-        return decisions
+        """Start the preemptions starving queues are owed (rm/reclaim.py, rm/preemption.py)."""
+        return self.reclaims.preempt(now)
 
     def revoke_hoarded(self, now: float) -> list[str]:
-        """No hoarding past the share: while a queue waits below its instantaneous share, grants that an
-        incomplete gang holds (never started) in a queue above its share are taken back, newest first, down to
-        the share. The AM sees them end and asks again; the scheduler will not re-grant them meanwhile."""
-        book = self.queues
-        shares = book.shares(self.cluster.capacity)
-        inst = shares.instantaneous
-        waiting = sorted(book.waiting(shares))
-        if not waiting:
-            return []
-        revoked: list[str] = []
-        hoarding: dict[str, list[Container]] = {}      # per queue: grants never started (`unstarted` holds them)
-        for cid in self.unstarted:
-            c = self.containers[cid]
-            job = self.jobs[c.job_id]
-            if c.kind is ContainerKind.LEARNER and c.phase is ContainerPhase.ALLOCATED and not c.pid \
-                    and c.job_id in self.apps and job.state is not JobState.RUNNING and not self._launched(c):
-                hoarding.setdefault(job.queue, []).append(c)
-        for q in book.tree.leaves:
-            excess = book.used.get(q.path, 0) - inst.get(q.path, 0)
-            if excess <= 0 or waiting == [q.path]:
-                continue
-            held = hoarding.get(q.path, [])
-            for c in sorted(held, key=lambda c: (-c.created, c.container_id)):
-                if excess <= 0:
-                    break
-                others = ", ".join(p.removeprefix("root.") for p in waiting if p != q.path)
-                self._order_stop(c, 0.0, "revoked")
-                self._complete(c, ExitStatus(ExitKind.EXPIRED, diagnostics=(
-                    f"grant taken back: its gang was incomplete while queue {q.short} was above its fair share "
-                    f"and {others} waited")), now)
-                excess -= c.gpus
-                revoked.append(c.container_id)
-        return revoked
+        """Take back grants incomplete gangs hoard above their queue's share while another queue waits."""
+        return self.reclaims.revoke_hoarded(now)
 
-    def _jobs_waiting_with_am(self) -> bool:
-        """Whether some job has an AM but runs nothing (it may outrank a running job of its queue, even while its
-        AM, seeing no room, asks for nothing)."""
-        holding = self.learners_live
-        return any(j not in holding for j in self.with_am)
-
-    def _launched(self, c: Container) -> bool:
-        """Whether the AM has already launched this grant as a learner (it says so before the agent does): the
-        gang is complete, so taking the grant back would fail an attempt that hoards nothing."""
-        attempt = self.jobs[c.job_id].current_attempt
-        return attempt is not None and any(lr.container_id == c.container_id for lr in attempt.learners)
+    def _revoke(self, c: Container, diagnostics: str, now: float) -> None:
+        self._order_stop(c, 0.0, "revoked")
+        self._complete(c, ExitStatus(ExitKind.EXPIRED, diagnostics=diagnostics), now)
 
     def next_check(self, now: float) -> float | None:
-        """When time-driven queue work (a starvation timeout running out, a preemption deadline, revoking a
-        hoarded gang, in-queue ranks changing) may next come due; None when nothing can. The daemon ticks every
-        second anyway; the simulator sleeps until then."""
-        book = self.queues
-        signature = (book.version, sum(self.reclaiming_live.values()), len(self.asking), len(self.with_am))
-        cached = self._next_check
-        if cached is not None and cached[0] == signature and (cached[1] is None or cached[1] > now):
-            return cached[1]
-        shares = book.shares(self.cluster.capacity)
-        preemption.update_starvation(book, shares, now)
-        inst = shares.instantaneous
-        # Only queues above their share can lose GPUs; while none is, nothing can be taken back (and any change
-        # of usage brings this function back anyway).
-        spare = any(book.used.get(q.path, 0) > inst.get(q.path, 0) and q.effective_preemptible
-                    for q in book.tree.leaves)
-        due: list[float] = []
-        for q in book.tree.leaves:
-            s = book.starvation.get(q.path)
-            if s is None or not spare:
-                continue
-            p = q.preemption
-            for since, timeout in ((s.min_since, p.min_share_timeout_s), (s.fair_since, p.fair_share_timeout_s)):
-                if since is not None and timeout is not None:
-                    at = since + timeout
-                    due.append(at if at > now else now + RECHECK_S)   # owed already: look again later
-        if any(g > 0 for g in self.reclaiming_live.values()):
-            due.append(min((self.containers[cid].preempt_deadline for cid in self.preempting),
-                           default=now + RECHECK_S))
-        if book.waiting(shares) and self.unstarted:
-            due.append(now + HOARD_CHECK_S)      # an incomplete gang holds grants that may be hoarded
-        if self.settings.inqueue_preemption and (self.asking or self._jobs_waiting_with_am()):
-            due.append(now + max(self.settings.inqueue_min_run_s / 2, HOARD_CHECK_S))
-        when = max(min(due), now + 1e-6) if due else None
-        self._next_check = (signature, when)
-        return when
+        """When time-driven queue work may next come due (see Reclaims.next_check); None when nothing can."""
+        return self.reclaims.next_check(now)
 
     def _preempt_job(self, job: Job, d: preemption.Decision, grace_s: float, now: float) -> None:
         deadline = now + grace_s
@@ -1313,7 +787,7 @@ class RMCore:
                 self.preempting[c.container_id] = None
                 self._inqueue_touch(job)
                 c.preempted_for = d.beneficiary
-                self.reclaiming_live[d.beneficiary] = self.reclaiming_live.get(d.beneficiary, 0) + c.gpus
+                self.reclaims.marked(d.beneficiary, c.gpus)
                 self._container_changed(c)
                 ids.append(c.container_id)
         app = self.apps.get(job.job_id)
@@ -1326,229 +800,14 @@ class RMCore:
         self._job_changed(job)
 
     def standing(self, job: Job, now: float) -> priority.Standing:
-        runs = self._runs.get(job.job_id)
-        if runs is None:
-            runs = self._runs[job.job_id] = tuple(
-                (c.gpus, c.started) for c in self.live_by_job.get(job.job_id, {}).values()
-                if c.kind is ContainerKind.LEARNER and c.started)
-        if not runs:
-            # Running nothing: its standing does not change with the clock (shared; nobody mutates a Standing).
-            key = (job.attained_gpu_s, job.idle_since, job.expected_gpu_s, job.las_base_gpu_s)
-            cached = self._idle_standing.get(job.job_id)
-            if cached is not None and cached[0] == key:
-                return cached[1]
-            attained = job.attained_gpu_s
-            served = attained - job.las_base_gpu_s
-            s = priority.Standing(
-                job.job_id, job.seq, job.spec.gpus, attained_gpu_s=served,
-                executed_s=served / max(job.spec.gpus, 1), waiting_since=job.idle_since,
-                remaining_gpu_s=max(0.0, job.expected_gpu_s - attained), running_since=-1.0)
-            self._idle_standing[job.job_id] = (key, s)
-            return s
-        attained = job.attained_gpu_s + sum(g * (now - started) for g, started in runs)
-        served = attained - job.las_base_gpu_s
-        return priority.Standing(
-            job.job_id, job.seq, job.spec.gpus, attained_gpu_s=served, executed_s=served / max(job.spec.gpus, 1),
-            waiting_since=job.idle_since, remaining_gpu_s=max(0.0, job.expected_gpu_s - attained),
-            running_since=min(started for _, started in runs))
-
-    def _room_shapes(self) -> list[tuple[str, str, int]]:
-        """(server, domain, GPUs offered) of the servers on offer, cached until nodes or health change."""
-        cluster = self.cluster
-        if self._rooms_cache is None or self._rooms_cache[0] != cluster.shape_version:
-            self._rooms_cache = (cluster.shape_version, [(n.node_id, n.ib_domain or n.rack, n.healthy_gpus)
-                                                         for n in cluster.nodes.values() if n.offering])
-        return self._rooms_cache[1]
-
-    def _rooms(self) -> list[priority.Room]:
-        """The servers as in-queue preemption sees them."""
-        free = self.cluster.free
-        return [priority.Room(node_id, domain, size, free(node_id)) for node_id, domain, size in self._room_shapes()]
-
-    def _idle_on(self) -> list[int]:
-        """Idle GPUs per server, in `_rooms` order (valid while the shape version stays)."""
-        free = self.cluster.free
-        return [free(node_id) for node_id, _, _ in self._room_shapes()]
-
-    def _being_preempted(self) -> set[str]:
-        return {self.containers[cid].job_id for cid in self.preempting}
-
-    def _waiting_rank(self, job: Job, policy: Policy) -> tuple[priority.Standing, tuple[float, float, int], float]:
-        """A job running nothing: its Standing, its rank, and when it starts to rank as starved (cached: none of
-        them changes until its learners change, which drops the entry)."""
-        cached = self._idle_rank.get(job.job_id)
-        if cached is not None and cached[0] is policy:
-            return cached[1:]
-        s = self.standing(job, 0.0)
-        key, starve_at = priority.waiting_rank(policy, s)
-        self._idle_rank[job.job_id] = (policy, s, key, starve_at)
-        return s, key, starve_at
-
-    def _running_rank(self, job: Job, policy: Policy, now: float) -> tuple[tuple[float, float], float, float]:
-        """A running job: (its rank without the submit order, the earliest time that may worsen, when its run
-        started; -1 if none started). Cached while its learners stay as they are, until that time. (An srtf rank
-        only improves as the job runs, so an older one is a safe bound.)"""
-        runs = self._runs.get(job.job_id)
-        cached = self._run_rank.get(job.job_id)
-        if cached is not None and runs is not None and cached[0] is runs and cached[1] is policy \
-                and now < cached[3]:
-            return cached[2], cached[3], cached[4]
-        s = self.standing(job, now)
-        if s.running_since < 0:
-            return (0.0, 0.0), float("inf"), -1.0
-        k = priority.rank(policy, now)(s)
-        out = ((k[0], k[1]), priority.rank_changes_at(policy, s, now), s.running_since)
-        self._run_rank[job.job_id] = (self._runs[job.job_id], policy, *out)
-        return out
+        return self.standings.standing(job, now)
 
     def preempt_in_queue(self, now: float) -> list[tuple[str, str]]:
-        """Tiresias-style: inside a leaf with a preemptive policy (las, srtf), a waiting job that outranks
-        running ones takes their GPUs. Off unless `settings.inqueue_preemption` (the simulator's las / srtf).
-
-        The simulator asks this every half minimum run while jobs wait, so each queue keeps what its last look
-        found (InQueueLook): most calls end there, or after ranking just the jobs that changed since."""
+        """Tiresias-style preemption inside las / srtf leaves (rm/inqueue.py); off unless
+        `settings.inqueue_preemption`."""
         if not self.settings.inqueue_preemption:
             return []
-        busy = self._being_preempted()
-        idle = self.cluster.free_gpus
-        servers: list[priority.Room] | None = None
-        out: list[tuple[str, str]] = []
-        idle_on: list[int] | None = None
-        for queue, members in self.with_am_by_queue.items():
-            if not members:
-                continue
-            leaf = self.queues.tree.by_path.get(queue)
-            if leaf is None:
-                continue
-            policy = self.scheduler.policy_of(leaf)
-            if not priority.preemptive(policy):
-                continue
-            look = self._inqueue_looks.get(queue)
-            if look is not None:
-                if look.stuck is None and self._still_quiet(look, members, policy, busy, now):
-                    continue
-                if look.stuck is not None and not look.dirty and look.quiet_at(now):
-                    if idle_on is None:
-                        idle_on = self._idle_on()
-                    shape, before = look.stuck
-                    if shape == self.cluster.shape_version \
-                            and all(a <= b for a, b in zip(idle_on, before, strict=True)):
-                        continue             # no GPU came idle anywhere: still no room for any of them
-            self._inqueue_looks.pop(queue, None)
-            look, old_enough, candidates = self._inqueue_scan(members, policy, busy, now)
-            if not candidates:
-                self._inqueue_looks[queue] = look
-                continue
-            if sum(s.gpus for s in candidates) <= idle:
-                for s in candidates:         # they all fit in the idle GPUs: their AMs are told to look now
-                    self.nudged[s.job_id] = None
-                continue
-            running = [self.standing(self.jobs[j], now) for j in old_enough]
-            if servers is None:
-                servers = self._rooms()
-            held: dict[str, dict[str, int]] = {}
-            for r in running:
-                where = held[r.job_id] = {}
-                for c in self.live_by_job.get(r.job_id, {}).values():
-                    if c.kind is ContainerKind.LEARNER:
-                        where[c.node_id] = where.get(c.node_id, 0) + c.gpus
-            levels: dict[str, str] = {}      # each beneficiary's locality level, as its AM last reported it
-            for w in candidates:
-                attempt = self.jobs[w.job_id].current_attempt
-                levels[w.job_id] = attempt.level if attempt is not None else ""
-            fits: list[str] = []
-            min_run = self.settings.inqueue_min_run_s
-            pairs = priority.in_queue_victims(policy, now, candidates, running, servers, held, min_run, levels, fits)
-            if not pairs and not fits:
-                # With fewer idle GPUs, and running jobs that rank the same or better, no room appears that was
-                # not there: only its jobs' changes, its timers or GPUs coming idle can change this answer. (This
-                # call's preemptions only set deadlines: the idle GPUs are still as they were.)
-                if idle_on is None:
-                    idle_on = self._idle_on()
-                look.stuck = (self.cluster.shape_version, idle_on)
-                self._inqueue_looks[queue] = look
-                continue
-            for job_id in fits:
-                self.nudged[job_id] = None
-            for _, b in pairs:
-                self.nudged[b] = None
-            for victim, beneficiary in pairs:
-                d = preemption.Decision(queue, [], f"outranked by {beneficiary} ({policy.value}) in its own queue")
-                self._preempt_job(self.jobs[victim], d, leaf.preemption.grace_s, now)
-            out.extend(pairs)
-        return out
-
-    def _inqueue_scan(self, members: Mapping[str, None], policy: Policy, busy: set[str],
-                      now: float) -> tuple[InQueueLook, list[str], list[priority.Standing]]:
-        """One queue's jobs ranked: what the look finds, the running jobs old enough to be preempted, and the
-        waiting jobs that outrank one of them."""
-        look = InQueueLook(None, None, [])
-        old_enough: list[str] = []
-        waiting: list[tuple[priority.Standing, tuple[float, float]]] = []
-        for job_id in members:
-            if job_id in busy:
-                continue
-            if job_id in self.learners_live:
-                if self._weigh_running(look, job_id, policy, now):
-                    old_enough.append(job_id)
-            else:
-                waiting.append(self._weigh_waiting(look, job_id, policy, now))
-        heapq.heapify(look.timers)
-        worst = look.worst
-        candidates = [] if worst is None else [s for s, r in waiting if r < worst]
-        return look, old_enough, candidates
-
-    def _weigh_running(self, look: InQueueLook, job_id: str, policy: Policy, now: float) -> bool:
-        """Fold a running job into `look` (timers unsorted); whether it is old enough to be preempted."""
-        rank2, changes_at, since = self._running_rank(self.jobs[job_id], policy, now)
-        if since < 0:
-            return False                     # a gang still being granted: nothing started to preempt
-        if changes_at != float("inf"):
-            look.timers.append((changes_at, job_id))
-        if now - since < self.settings.inqueue_min_run_s:
-            look.timers.append((since + self.settings.inqueue_min_run_s, job_id))
-            return False
-        if look.worst is None or rank2 > look.worst:
-            look.worst = rank2
-        return True
-
-    def _weigh_waiting(self, look: InQueueLook, job_id: str, policy: Policy,
-                       now: float) -> tuple[priority.Standing, tuple[float, float]]:
-        """Fold a waiting job into `look` (timers unsorted); its Standing and its rank now."""
-        s, k, starve_at = self._waiting_rank(self.jobs[job_id], policy)
-        if now <= starve_at and starve_at != float("inf"):
-            look.timers.append((starve_at, job_id))
-        r = priority.STARVED if now > starve_at else (k[0], k[1])
-        if look.best is None or r < look.best:
-            look.best = r
-        return s, r
-
-    def _still_quiet(self, look: InQueueLook, members: Mapping[str, None], policy: Policy, busy: set[str],
-                     now: float) -> bool:
-        """Whether, after a look that found no waiting job outranking a running one old enough to be preempted,
-        there is still none; if so the jobs changed since, and those whose timers came due, are folded into it.
-        Only they need ranking: the others rank as that look found them. A job that left can only have made the
-        worst running rank better and the best waiting rank worse, so the look errs towards looking again."""
-        timers = look.timers
-        while timers and timers[0][0] <= now:
-            look.dirty[heapq.heappop(timers)[1]] = None
-        if not look.dirty:
-            return True
-        trial = InQueueLook(look.worst, look.best, [])
-        for job_id in look.dirty:
-            if job_id not in members or job_id in busy:
-                continue                     # a full look would skip it too
-            if job_id in self.learners_live:
-                self._weigh_running(trial, job_id, policy, now)
-            else:
-                self._weigh_waiting(trial, job_id, policy, now)
-        if trial.worst is not None and trial.best is not None and trial.best < trial.worst:
-            return False
-        look.worst, look.best = trial.worst, trial.best
-        for t in trial.timers:
-            heapq.heappush(timers, t)
-        look.dirty.clear()
-        return True
+        return self.inqueue.run(self.reclaims.being_preempted(), now)
 
     @property
     def _ranked(self) -> bool:
@@ -1558,40 +817,8 @@ class RMCore:
             return priority.preemptive(override)
         return self.queues.ranked
 
-    def _reserved(self, now: float) -> dict[str, int]:
-        """GPUs preemption freed for each queue that it has not been granted yet (while the hold lasts)."""
-        out = {}
-        for queue, holds in self.reclaimed.items():
-            gpus = sum(g for g, until in holds if until > now)
-            if gpus:
-                out[queue] = gpus
-        return out
-
-    def _consume_reclaimed(self, queue: str, gpus: int) -> None:
-        held = self.reclaimed.get(queue)
-        while held and gpus > 0:
-            g, until = held[0]
-            take = min(g, gpus)
-            gpus -= take
-            if take == g:
-                held.pop(0)
-            else:
-                held[0] = (g - take, until)
-
     def _rebuild_queue_book(self) -> None:
-        """Derive usage, demand and admissions from the records (after a restore or a config change)."""
-        book = self.queues
-        for job in self.jobs.values():
-            if job.state.terminal:
-                continue
-            book.want(job.queue, job.spec.gpus)
-            if job.admitted:
-                book.activate(job.queue, 1)
-        for c in self.containers.values():
-            owner = self.jobs.get(c.job_id)
-            if c.phase.live and c.kind is ContainerKind.LEARNER and owner is not None:
-                book.charge(owner.queue, owner.user, c.gpus)
-        book.invalidate()
+        recovery.rebuild_queue_book(self.queues, self.jobs, self.containers)
 
     def replace_tree(self, tree: QueueTree) -> list[str]:
         """Adopt a new queue config, or say why not (the old one then stays in force)."""
@@ -1610,48 +837,18 @@ class RMCore:
         self.queues.replace_tree(tree)
         self._rebuild_queue_book()
         self.pass_due = True
-        self._inqueue_looks.clear()          # policies may have changed
+        self.inqueue.clear()                 # policies may have changed
         for app in self.apps.values():
             app.app.queue = self.jobs[app.app.job_id].queue
         return []
 
     def queue_stats(self) -> dict[str, tuple[int, int]]:
         """Per queue (ancestors included): (running jobs, queued jobs)."""
-        stats: dict[str, list[int]] = {}
-        for job in self.jobs.values():
-            if job.state.terminal:
-                continue
-            q = self.queues.tree.by_path.get(job.queue)
-            for a in q.ancestry() if q is not None else ():
-                entry = stats.setdefault(a.path, [0, 0])
-                entry[0 if job.state is JobState.RUNNING else 1] += 1
-        return {k: (v[0], v[1]) for k, v in stats.items()}
+        return views.queue_stats(self.jobs, self.queues.tree)
 
     def preemptible_jobs(self) -> set[str]:
-        """Jobs running on borrowed GPUs: in each preemptible leaf, the newest jobs whose GPUs take the queue
-        above its steady share."""
-        steady = self.queues.shares(self.cluster.capacity).steady
-        by_queue: dict[str, list[tuple[Job, int]]] = {}
-        for job_id, held in self._holding().items():
-            job = self.jobs[job_id]
-            if not job.state.terminal:
-                by_queue.setdefault(job.queue, []).append((job, sum(c.gpus for c in held)))
-        out: set[str] = set()
-        for queue, jobs in by_queue.items():
-            leaf = self.queues.tree.by_path.get(queue)
-            if leaf is None or not leaf.effective_preemptible:
-                continue
-            used = 0
-            for job, gpus in sorted(jobs, key=lambda jg: (jg[0].start_time or float("inf"), jg[0].seq)):
-                used += gpus
-                if used > steady.get(queue, 0):
-                    out.add(job.job_id)
-        return out
-
-    def _holding(self) -> dict[str, list[Container]]:
-        """Live learner containers per job (only jobs that hold GPUs)."""
-        return {job_id: [c for c in self.live_by_job[job_id].values() if c.kind is ContainerKind.LEARNER]
-                for job_id in self.learners_live}
+        """Jobs running on borrowed GPUs (see Reclaims.preemptible_jobs)."""
+        return self.reclaims.preemptible_jobs()
 
     # ------------------------------------------------------------ persistence
 
@@ -1663,57 +860,20 @@ class RMCore:
         """Load records written by an earlier RM. Nodes come back as they were last seen and have a full
         expiry period to re-register; AMs and grants get a fresh clock from `now`."""
         self.recovered_at = now
-        for job in jobs:
-            self.jobs[job.job_id] = job
-            if job.submit_id:
-                self.submit_ids[job.submit_id] = job.job_id
-        for c in containers:
-            self.containers[c.container_id] = c
-            self.by_job.setdefault(c.job_id, []).append(c.container_id)
-            if c.phase.live:
-                self._index_live(c)
-        for ids in self.by_job.values():
-            ids.sort(key=lambda cid: (self.containers[cid].created, cid))
-        for node in nodes:
-            node.last_heartbeat = now
-            node.session = ""
-            node.allocated = {}          # rebuilt below from the live containers
-            self.cluster.upsert(node)
-        for c in self.live.values():
-            if c.node_id in self.cluster.nodes:
-                self.cluster.allocate(c.node_id, c.gpu_indices, c.container_id)
-        for job in self.jobs.values():
-            if job.state.terminal:
-                continue
-            if job.am_container and job.am_container in self.live:
-                self._am_up(job)
-            else:
-                job.am_container = ""
-                self._want_am(job)
-        self.next_job_seq = int(meta.get("next_job_seq", "1"))
-        self.next_container_seq = int(meta.get("next_container_seq", "1"))
+        recovery.load(jobs, containers, nodes, now, self.jobs, self.submit_ids, self.index, self.cluster)
+        recovery.readmit(self.jobs, self.live, self.ams, self._am_up)
+        self.next_job_seq, self.next_container_seq = recovery.counters(meta)
         self._rebuild_queue_book()
 
     # ------------------------------------------------------------ views for the shell
 
     def list_jobs(self, states: Iterable[JobState] = (), queue: str = "", user: str = "",
                   limit: int = 0) -> list[Job]:
-        wanted = set(states)
-        jobs = [j for j in self.jobs.values()
-                if (not wanted or j.state in wanted) and (not queue or j.queue in (queue, f"root.{queue}"))
-                and (not user or j.user == user)]
-        jobs.sort(key=lambda j: j.seq)
-        return jobs[-limit:] if limit > 0 else jobs
+        return views.list_jobs(self.jobs, states, queue, user, limit)
 
     def why_waiting(self, job: Job) -> str:
         """Why an unfinished job waits: its AM's account, and the RM's when the RM holds it back."""
-        if job.state.terminal:
-            return ""
-        if job.job_id not in self.with_am:
-            return self.queued_reason(job)
-        app = self.apps.get(job.job_id)
-        rm_reason = f"RM: {app.app.blocked}" if app is not None and app.app.blocked else ""
-        return "; ".join(x for x in (job.waiting_reason, rm_reason) if x)
+        return views.why_waiting(job, self.ams, self.apps)
 
     def gpus_held(self, job_id: str) -> int:
         return sum(c.gpus for c in self.job_containers(job_id))

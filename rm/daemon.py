@@ -32,9 +32,10 @@ from gpurm.queues.tree import QueueTree, default_tree
 from gpurm.rm import brokerauth, convert, mqtt, tls
 from gpurm.rm.broker import EmbeddedBroker
 from gpurm.rm.config import RMConfig
-from gpurm.rm.core import ErrorCode, JobChanged, LaunchAM, RequestError, RMCore
+from gpurm.rm.core import RMCore
 from gpurm.rm.identity import Caller, CallerKind
 from gpurm.rm.limits import make_server
+from gpurm.rm.messages import ErrorCode, JobChanged, LaunchAM, RequestError
 from gpurm.rm.model import Container, ContainerKind, Job
 from gpurm.rm.netcheck import listen_problem
 from gpurm.rm.persist import RETRY_S, Persister, rebuild_core

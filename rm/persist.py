@@ -23,7 +23,8 @@ from pathlib import Path
 
 from gpurm.queues.tree import QueueTree
 from gpurm.rm.cluster import Node
-from gpurm.rm.core import ErrorCode, RequestError, RMCore, RMSettings
+from gpurm.rm.core import RMCore
+from gpurm.rm.messages import ErrorCode, RequestError, RMSettings
 from gpurm.rm.model import Container, Job
 from gpurm.rm.store import SqliteStore, StoreWriteError
 

@@ -18,9 +18,9 @@ from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.fields import ConfigError
 from gpurm.rm import convert, tls
-from gpurm.rm.core import ErrorCode, HeartbeatAction, RequestError
 from gpurm.rm.identity import AM_TOKEN_KEY, USER_KEY, Caller, CallerKind, identify, metadata
 from gpurm.rm.jobspec import spec_from_proto
+from gpurm.rm.messages import ErrorCode, HeartbeatAction, RequestError
 from gpurm.rm.tokens import check_am_token
 
 if TYPE_CHECKING:

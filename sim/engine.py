@@ -31,8 +31,9 @@ from gpurm.am.placement import ServerView, View
 from gpurm.queues.tree import Policy, QueueTree
 from gpurm.rm import priority
 from gpurm.rm.cluster import GpuRecord
-from gpurm.rm.core import AttemptUpdate, ContainerReport, LaunchAM, NodeRegistration, RequestError, RMCore, RMSettings
+from gpurm.rm.core import RMCore
 from gpurm.rm.jobspec import JobSpec, Locality
+from gpurm.rm.messages import AttemptUpdate, ContainerReport, LaunchAM, NodeRegistration, RequestError, RMSettings
 from gpurm.rm.model import Container, ContainerKind, ExitKind, JobState
 from gpurm.rm.scheduler import Ask
 from gpurm.rm.sortedkeys import SortedKeys

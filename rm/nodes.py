@@ -1,0 +1,97 @@
+"""The node registry: agents registering (a fresh session, the node's description, allocations the RM holds kept),
+heartbeats (liveness, GPU and node health, an unreachable agent tried again), expiry, loss and draining. It owns
+the node records' lifecycle in the cluster model; what a node's containers did (reports, losses) is the core's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from gpurm.rm.cluster import Cluster, Node, NodeState
+from gpurm.rm.messages import ErrorCode, NodeRegistration, RequestError
+from gpurm.rm.model import Container
+
+log = logging.getLogger(__name__)
+
+UNREACHABLE_HOLD_S = 10.0    # an agent that failed an AM start gets no AM for this long while it beats
+
+
+class NodeRegistry:
+    def __init__(self, cluster: Cluster, node_changed: Callable[[str], None],
+                 reachable_again: Callable[[float], None]) -> None:
+        self.cluster = cluster
+        self.node_changed = node_changed          # a node record to persist
+        self.reachable_again = reachable_again    # an agent that failed an AM start beats again: AMs may go there
+
+    @staticmethod
+    def healthy_state(node: Node, healthy: bool) -> NodeState:
+        if node.drain:
+            return NodeState.DRAINING
+        return NodeState.RUNNING if healthy else NodeState.UNHEALTHY
+
+    def admit(self, reg: NodeRegistration, session: str, now: float, live: Iterable[Container]) -> Node:
+        """Add or re-add a node under a new session; the GPUs live containers hold there stay allocated."""
+        old = self.cluster.nodes.get(reg.node_id)
+        node = Node(node_id=reg.node_id, host=reg.host, port=reg.port, rack=reg.rack,
+                    ib_domain=reg.ib_domain or reg.rack, gpus={g.index: g for g in reg.gpus}, cpus=reg.cpus,
+                    memory_mib=reg.memory_mib, last_heartbeat=now, session=session,
+                    agent_instance=reg.agent_instance, agent_version=reg.agent_version,
+                    drain=old.drain if old else False, health_report=reg.health_report)
+        node.state = self.healthy_state(node, reg.healthy)
+        # Allocations the RM holds on this node survive re-registration.
+        for c in live:
+            if c.node_id == reg.node_id:
+                for i in c.gpu_indices:
+                    node.allocated[i] = c.container_id
+        self.cluster.upsert(node)
+        self.node_changed(node.node_id)
+        return node
+
+    def beat(self, node_id: str, session: str, now: float, healthy: bool = True, health_report: str = "",
+             gpu_health: Iterable[tuple[int, bool, str]] = ()) -> Node | None:
+        """A heartbeat: the node, or None when the agent must register again (unknown, old session, lost)."""
+        node = self.cluster.nodes.get(node_id)
+        if node is None or node.session != session or node.state is NodeState.LOST:
+            return None
+        node.last_heartbeat = now
+        if node.unreachable_since is not None and now - node.unreachable_since > UNREACHABLE_HOLD_S:
+            node.unreachable_since = None        # it beats: try it again for AMs
+            self.reachable_again(now)
+        for index, ok, reason in gpu_health:
+            gpu = node.gpus.get(index)
+            if gpu is not None and (gpu.healthy, gpu.health_reason) != (ok, reason):
+                log.warning("node %s: GPU %d %s", node_id, index, "healthy again" if ok else f"unhealthy: {reason}")
+                self.cluster.set_gpu_health(node_id, index, ok, reason)
+                self.node_changed(node_id)
+        if node.health_report != health_report or node.state is not self.healthy_state(node, healthy):
+            node.health_report = health_report
+            if node.state is not NodeState.DECOMMISSIONED:
+                self.cluster.set_state(node_id, self.healthy_state(node, healthy))
+            self.node_changed(node_id)
+        return node
+
+    def late(self, now: float, limit_s: float) -> list[str]:
+        """Nodes not heard from for longer than `limit_s` (lost and decommissioned ones aside)."""
+        return [node.node_id for node in self.cluster.nodes.values()
+                if node.state not in (NodeState.LOST, NodeState.DECOMMISSIONED)
+                and now - node.last_heartbeat > limit_s]
+
+    def lose(self, node_id: str, why: str) -> None:
+        """The node is LOST: its session ends; it must register again."""
+        node = self.cluster.nodes[node_id]
+        log.warning("node %s is LOST: %s", node_id, why)
+        self.cluster.set_state(node_id, NodeState.LOST)
+        node.health_report = why
+        node.session = ""
+        self.node_changed(node_id)
+
+    def drain(self, node_id: str, undrain: bool) -> Node:
+        node = self.cluster.nodes.get(node_id)
+        if node is None:
+            raise RequestError(ErrorCode.NOT_FOUND, f"node_id: no node {node_id!r}; see `gpurm nodes`")
+        node.drain = not undrain
+        if node.state in (NodeState.RUNNING, NodeState.DRAINING, NodeState.UNHEALTHY):
+            self.cluster.set_state(node_id, NodeState.DRAINING if node.drain else NodeState.RUNNING)
+        self.node_changed(node_id)
+        return node
