@@ -3,6 +3,11 @@
 After every core call (`with shell.mutation():`) it writes what changed to the store, then carries out the
 core's effects: launching AMs on agents, pushing stop orders down the agents' heartbeat streams and publishing
 job events and the cluster view over MQTT. Replies go out only after the store commit.
+
+Why it is over 500 lines: besides the effects it holds the credentials the RM hands out (per-node keys, join
+proofs, AM tokens and their renewal), the view publishing loop and the start/stop sequence with the store's
+fail-closed retry. Next to move out (issue 14): the credentials into rm/credentials.py and the MQTT publishing
+into rm/publishing.py.
 """
 
 from __future__ import annotations
