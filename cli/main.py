@@ -138,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_store_parser(asubs)
     admin.set_defaults(func=lambda a: _missing_sub(admin))
 
+    p = _sub(subs, "version", "print gpurm's version, the Python it runs on and whether its compiled build is in use",
+             "  gpurm version\n  gpurm version -o json", common=False)
+    p.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    p.set_defaults(func=cmd_version)
+
     p = _sub(subs, "rm", "run the ResourceManager daemon", "  gpurm rm --config configs/rm.yaml", common=False)
     p.add_argument("--config", help="rm.yaml (see configs/rm.yaml)")
     p.add_argument("--listen", help="HOST:PORT for gRPC (overrides the file)")
@@ -188,6 +193,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=sim.cmd_sim)
 
     return parser
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    """`gpurm version`: which gpurm, which Python, compiled or interpreted (and why)."""
+    import json
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    from gpurm import native
+
+    try:
+        gpurm_version = version("gpurm")
+    except PackageNotFoundError:
+        gpurm_version = "unknown (not installed)"
+    build = native.status()
+    info = {"gpurm": gpurm_version, "python": f"{platform.python_implementation()} {platform.python_version()}",
+            "build": "compiled" if build.active else "interpreted", "detail": build.reason}
+    if args.output == "json":
+        print(json.dumps(info))
+    else:
+        print(f"gpurm {info['gpurm']} on {info['python']}: {info['detail']}")
+    return 0
 
 
 def _missing_sub(parser: argparse.ArgumentParser) -> int:
