@@ -47,7 +47,15 @@ from gpurm.rm.persist import RETRY_S, Persister, rebuild_core
 from gpurm.rm.service import AdminService, AMService, ClientService, DecodeGuard, TrackerService
 from gpurm.rm.statedir import StateDirBusy, StateDirLock, rotate_backup
 from gpurm.rm.store import SqliteStore, StoreDamaged, StoreWriteError
-from gpurm.rm.tokens import JOIN_WINDOW_MS, ClusterKeys, TokenKey, am_token, am_token_expiry, sign_container
+from gpurm.rm.tokens import (
+    JOIN_WINDOW_MS,
+    ClusterKeys,
+    TokenKey,
+    am_token,
+    am_token_expiry,
+    sign_container,
+    write_secret_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +80,7 @@ def bump_epoch(path: Path) -> int:
     except ValueError:
         raise ConfigError([f"{path}: not an epoch number; delete the file (the RM starts a new epoch)"]) from None
     epoch = last + 1
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{epoch}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_secret_file(path, str(epoch))     # 0600, fsynced, replaced atomically (not secret, but private)
     return epoch
 
 

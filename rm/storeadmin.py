@@ -73,20 +73,25 @@ def backup_store(state_dir: Path, to: Path | None = None) -> Path:
             raise StoreAdminError(f"--to: {target.parent} is not a directory")
         target.parent.mkdir(mode=0o700, parents=True)
     try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-        os.close(fd)
-        src = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
-        dest = sqlite3.connect(str(target))
-        try:
-            src.backup(dest)
-        finally:
-            dest.close()
-            src.close()
+        _copy_db(source, target)
     except (sqlite3.Error, OSError) as exc:
         with contextlib.suppress(OSError):
             target.unlink()
         raise StoreAdminError(f"cannot back up {source} to {target}: {exc}") from None
     return target
+
+
+def _copy_db(source: Path, target: Path) -> None:
+    """SQLite's online backup of `source` (read-only) into the new file `target`, made with mode 0600 first."""
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    os.close(fd)
+    src = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+    dest = sqlite3.connect(str(target))
+    try:
+        src.backup(dest)
+    finally:
+        dest.close()
+        src.close()
 
 
 def restore_store(state_dir: Path, backup: Path) -> Path:
@@ -119,15 +124,7 @@ def restore_store(state_dir: Path, backup: Path) -> Path:
                 side = current.with_name(current.name + suffix)
                 if side.exists():
                     os.rename(side, kept.with_name(kept.name + suffix))
-        fd = os.open(current, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-        os.close(fd)
-        src = sqlite3.connect(f"file:{backup}?mode=ro", uri=True)
-        dest = sqlite3.connect(str(current))
-        try:
-            src.backup(dest)
-        finally:
-            dest.close()
-            src.close()
+        _copy_db(backup, current)
     except (sqlite3.Error, OSError) as exc:
         raise StoreAdminError(f"cannot restore {backup} into {state_dir}: {exc}") from None
     finally:

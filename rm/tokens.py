@@ -50,15 +50,8 @@ def load_or_create_key(path: Path) -> TokenKey:
         raw = path.read_bytes()
         key_id_text, _, hex_secret = raw.decode().strip().partition(":")
         return TokenKey(int(key_id_text), bytes.fromhex(hex_secret))
-    path.parent.mkdir(parents=True, exist_ok=True)
     key = TokenKey(1, secrets.token_bytes(KEY_BYTES))
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{key.key_id}:{key.secret.hex()}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_secret_file(path, f"{key.key_id}:{key.secret.hex()}")
     return key
 
 
