@@ -55,6 +55,9 @@ def _suite_base() -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from gpurm import native
+    if native.status().stale:   # compiled code that is no longer the tree's would be what the suite tests
+        raise pytest.UsageError(f"{native.status().reason.split('; ')[1]}")
     if config.option.basetemp is None:
         run = Path(tempfile.mkdtemp(prefix="run-", dir=_suite_base()))
         os.chmod(run, TRAVERSE)

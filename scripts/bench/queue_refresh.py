@@ -175,7 +175,7 @@ def main() -> int:
     refuse_s = time.perf_counter() - t
     runs = []
     if args.before:
-        env = {**os.environ, "PYTHONPATH": str(Path(args.before).resolve()), "GPURM_NATIVE": "0"}
+        env = {**os.environ, "PYTHONPATH": str(Path(args.before).resolve())}
         runs.append((f"before: the RM from {args.before}", measure(work / "before", args.queues, args.repeat, env)))
     runs.append(("after: this tree's RM", measure(work / "after", args.queues, args.repeat, None)))
     print(f"queue_refresh: a real RM (no agents); {args.queues} leaf queues each with a weight and an ACL "

@@ -1,27 +1,21 @@
-"""`gpurm version` says which build runs: compiled, or interpreted and why."""
+"""`gpurm version` says which build runs: compiled by mypyc at install, or interpreted and why."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
+from gpurm import native
 from tests.integration.harness import ROOT
 
 
-def version(**env: str) -> dict[str, str]:
-    done = subprocess.run([sys.executable, "-m", "gpurm.cli.main", "version", "-o", "json"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60, check=True, env={**os.environ, **env})
-    info: dict[str, str] = json.loads(done.stdout)
-    return info
-
-
 def test_version_names_the_build_in_use() -> None:
-    off = version(GPURM_NATIVE="0")
-    assert off["build"] == "interpreted" and "GPURM_NATIVE=0" in off["detail"]
-    assert off["gpurm"] and off["python"].startswith("CPython 3.")
-    on = version(GPURM_NATIVE="1")
-    assert on["build"] in ("compiled", "interpreted") and on["detail"]
-    if on["build"] == "interpreted":
-        assert "not built" in on["detail"] or "stale" in on["detail"], on
+    done = subprocess.run([sys.executable, "-m", "gpurm.cli.main", "version", "-o", "json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=True)
+    info = json.loads(done.stdout)
+    assert info["gpurm"] and info["python"].startswith("CPython 3.")
+    import gpurm.rm.core
+    compiled = not str(gpurm.rm.core.__file__).endswith(".py")
+    assert (info["build"] != "interpreted") == compiled, info
+    assert info["detail"] == native.status().reason and info["stale"] == []

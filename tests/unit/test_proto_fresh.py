@@ -1,4 +1,4 @@
-"""The committed generated modules must match proto/gpurm.proto (run ./scripts/gen-proto after editing it)."""
+"""The committed generated modules must match gpurm/proto/gpurm.proto (run ./scripts/gen-proto after editing it)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,6 @@ def test_generated_modules_are_fresh(tmp_path: Path) -> None:
     subprocess.run([str(ROOT / "scripts" / "gen-proto"), str(tmp_path)], check=True, env=env,
                    capture_output=True)
     for name in ("gpurm_pb2.py", "gpurm_pb2_grpc.py", "gpurm_pb2.pyi"):
-        fresh = _normalise((tmp_path / name).read_text())
-        committed = _normalise((ROOT / "proto" / name).read_text())
-        assert fresh == committed, f"proto/{name} is stale: run ./scripts/gen-proto and commit the result"
+        fresh = _normalise((tmp_path / "gpurm" / "proto" / name).read_text())
+        committed = _normalise((ROOT / "gpurm" / "proto" / name).read_text())
+        assert fresh == committed, f"gpurm/proto/{name} is stale: run ./scripts/gen-proto and commit the result"

@@ -18,7 +18,7 @@ from gpurm.rm.jobspec import JobSpec
 from gpurm.rm.model import Job, JobState
 from gpurm.rm.records import RecordError, from_dict, to_dict
 from gpurm.rm.statedir import StateDirBusy, StateDirLock, backups, rotate_backup
-from gpurm.rm.store import SqliteStore, StoreDamaged
+from gpurm.rm.store import STORED_FIELD_TYPES, SqliteStore, StoreDamaged
 from gpurm.rm.storeadmin import StoreAdminError, check_store, restore_store
 
 
@@ -28,18 +28,18 @@ def job(n: int) -> Job:
 
 def test_a_record_names_the_bad_field() -> None:
     data = to_dict(job(1))
-    assert from_dict(Job, data) == job(1)
+    assert from_dict(Job, data, STORED_FIELD_TYPES) == job(1)
     with pytest.raises(RecordError, match=r"^state: unknown JobState value 'HIBERNATING' \(written by a newer"):
-        from_dict(Job, {**data, "state": "HIBERNATING"})
+        from_dict(Job, {**data, "state": "HIBERNATING"}, STORED_FIELD_TYPES)
     nested = json.loads(json.dumps(data))
     nested["spec"]["locality"]["start_level"] = "MOON"
     with pytest.raises(RecordError, match=r"^spec\.locality\.start_level: unknown LocalityLevel value 'MOON'"):
-        from_dict(Job, nested)
+        from_dict(Job, nested, STORED_FIELD_TYPES)
     with pytest.raises(RecordError, match=r"^user: missing"):
-        from_dict(Job, {k: v for k, v in data.items() if k != "user"})
+        from_dict(Job, {k: v for k, v in data.items() if k != "user"}, STORED_FIELD_TYPES)
     with pytest.raises(RecordError, match="a mapping"):
-        from_dict(Job, ["not", "a", "record"])  # type: ignore[arg-type]
-    assert from_dict(Job, {**data, "field_from_the_future": 1}).state is JobState.QUEUED
+        from_dict(Job, ["not", "a", "record"], STORED_FIELD_TYPES)  # type: ignore[arg-type]
+    assert from_dict(Job, {**data, "field_from_the_future": 1}, STORED_FIELD_TYPES).state is JobState.QUEUED
 
 
 def damaged_store(path: Path) -> None:

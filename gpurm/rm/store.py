@@ -14,11 +14,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpurm.rm.cluster import Node
-from gpurm.rm.model import Container, Job
-from gpurm.rm.records import RecordError, from_dict, to_dict
+from gpurm.rm.cluster import GpuRecord, Node
+from gpurm.rm.model import Attempt, Container, Job, Learner
+from gpurm.rm.records import FieldTypes, RecordError, from_dict, to_dict
 
 BACKUPS = "backups"        # the folder of automatic backups, in the state dir
+
+# The stored records' fields whose full types a compiled build erases (it keeps `list` for `list[Attempt]`): the
+# reload needs them to rebuild nested records, int keys and tuples. tests/unit/test_store_field_types.py checks
+# this table against the classes' annotations, so a new generic field cannot be forgotten here.
+STORED_FIELD_TYPES: FieldTypes = {
+    Job: {"attempts": list[Attempt], "am_registered": list[int]},
+    Attempt: {"learners": list[Learner]},
+    Learner: {"gpu_indices": list[int]},
+    Container: {"gpu_indices": list[int]},
+    Node: {"gpus": dict[int, GpuRecord], "allocated": dict[int, str], "islands": list[list[int]],
+           "unreachable_since": float | None},
+    GpuRecord: {"links": list[tuple[int, int, int]]},
+}
 
 
 class StoreDamaged(Exception):
@@ -72,9 +85,9 @@ class MemoryStore:
         self._meta: dict[str, str] = {}
 
     def load(self) -> Snapshot:
-        return Snapshot([from_dict(Job, d) for d in self._jobs.values()],
-                        [from_dict(Container, d) for d in self._containers.values()],
-                        [from_dict(Node, d) for d in self._nodes.values()], dict(self._meta))
+        return Snapshot([from_dict(Job, d, STORED_FIELD_TYPES) for d in self._jobs.values()],
+                        [from_dict(Container, d, STORED_FIELD_TYPES) for d in self._containers.values()],
+                        [from_dict(Node, d, STORED_FIELD_TYPES) for d in self._nodes.values()], dict(self._meta))
 
     def save(self, jobs: Iterable[Job], containers: Iterable[Container], nodes: Iterable[Node],
              meta: dict[str, str]) -> None:
@@ -146,7 +159,7 @@ class SqliteStore:
             raw = json.loads(data)
         except (ValueError, TypeError) as exc:
             raise RecordError(f"not JSON ({exc})") from None
-        return from_dict(record, raw)
+        return from_dict(record, raw, STORED_FIELD_TYPES)
 
     def load(self) -> Snapshot:
         """Every record. StoreDamaged naming the first record that cannot be read."""

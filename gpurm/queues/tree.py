@@ -48,6 +48,11 @@ class QueueDef:
     _submit: set[str] | None = field(default=None, init=False, repr=False, compare=False)
     _admin: set[str] | None = field(default=None, init=False, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        # A class compiled by mypyc has no class attribute to fall back on: set the init=False fields here.
+        self._preemptible = self._policy = None
+        self._submit = self._admin = None
+
     @property
     def leaf(self) -> bool:
         return not self.children

@@ -3,13 +3,11 @@ so an older RM can read a newer record, and missing keys take the field's defaul
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import enum
-import sys
 import types
 import typing
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -48,11 +46,18 @@ def _dump(value: Any) -> Any:
     return value
 
 
-def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+# Field types by class, for the fields whose annotations a compiled build erases (mypyc keeps `list` for
+# `list[Attempt]`): they tell the reload how to rebuild nested records and int keys. The caller owns the table.
+FieldTypes = Mapping[type, Mapping[str, Any]]
+
+
+def from_dict(cls: type[T], data: dict[str, Any], field_types: FieldTypes | None = None) -> T:
     hints = _HINTS.get(cls)
     if hints is None:
-        hints = _source_hints(cls) or typing.get_type_hints(cls)
+        hints = typing.get_type_hints(cls)
         _HINTS[cls] = hints
+    if field_types and cls in field_types:
+        hints = {**hints, **field_types[cls]}
     if not isinstance(data, dict):
         raise RecordError(f"expected a {cls.__name__} record (a mapping), got {type(data).__name__}")
     kwargs = {}
@@ -62,7 +67,7 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
             continue
         if f.name in data:
             try:
-                kwargs[f.name] = _load(hints[f.name], data[f.name])
+                kwargs[f.name] = _load(hints[f.name], data[f.name], field_types)
             except RecordError as exc:
                 raise exc.within(f.name) from None
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -78,23 +83,23 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
         raise RecordError(f"not a valid {cls.__name__} record ({exc})") from None
 
 
-def _load(hint: Any, value: Any) -> Any:
+def _load(hint: Any, value: Any, field_types: FieldTypes | None) -> Any:
     if value is None:
         return None
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
-        return _load(inner[0], value) if len(inner) == 1 else value
+        return _load(inner[0], value, field_types) if len(inner) == 1 else value
     if origin is list:
-        return [_load(args[0], v) for v in value]
+        return [_load(args[0], v, field_types) for v in value]
     if origin is tuple:
-        return tuple(_load(args[0], v) for v in value)
+        return tuple(_load(args[0], v, field_types) for v in value)
     if origin in (set, frozenset):
-        return origin(_load(args[0], v) for v in value)
+        return origin(_load(args[0], v, field_types) for v in value)
     if origin is dict:
         key_hint = args[0]
-        return {(int(k) if key_hint is int else k): _load(args[1], v) for k, v in value.items()}
+        return {(int(k) if key_hint is int else k): _load(args[1], v, field_types) for k, v in value.items()}
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         try:
             return hint[value]
@@ -102,29 +107,7 @@ def _load(hint: Any, value: Any) -> Any:
             raise RecordError(f"unknown {hint.__name__} value {str(value)[:64]!r} (written by a newer gpurm?)"
                               ) from None
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return from_dict(hint, value)
+        return from_dict(hint, value, field_types)
     if hint is float and isinstance(value, int):
         return float(value)
     return value
-
-
-def _source_hints(cls: type) -> dict[str, Any] | None:
-    """The field annotations of a class compiled by mypyc (gpurm.native), read from its source: compiled classes
-    keep only erased ones (`dict`, not `dict[int, GpuRecord]`), too little to rebuild nested records. None for a
-    class that is not compiled."""
-    module = sys.modules.get(cls.__module__)
-    if module is None or str(getattr(module, "__file__", "")).endswith(".py"):
-        return None
-    package = sys.modules.get(cls.__module__.rpartition(".")[0])
-    name = cls.__module__.rpartition(".")[2] + ".py"
-    for folder in getattr(package, "__path__", []):
-        source = Path(folder) / name
-        if source.exists():
-            break
-    else:
-        return None
-    for node in ast.walk(ast.parse(source.read_text())):
-        if isinstance(node, ast.ClassDef) and node.name == cls.__qualname__:
-            return {st.target.id: eval(ast.unparse(st.annotation), vars(module))  # our own source
-                    for st in node.body if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)}
-    return None

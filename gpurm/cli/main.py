@@ -209,7 +209,7 @@ def cmd_version(args: argparse.Namespace) -> int:
         gpurm_version = "unknown (not installed)"
     build = native.status()
     info = {"gpurm": gpurm_version, "python": f"{platform.python_implementation()} {platform.python_version()}",
-            "build": "compiled" if build.active else "interpreted", "detail": build.reason}
+            "build": build.build, "detail": build.reason, "stale": build.stale}
     if args.output == "json":
         print(json.dumps(info))
     else:

@@ -1,0 +1,1 @@
+"""Queue admin config: YAML loading and validation, the queue tree, and the fair-share math."""

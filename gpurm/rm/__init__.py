@@ -1,0 +1,1 @@
+"""The ResourceManager: cluster model, scheduler core, job records, store, gRPC services and the daemon."""

@@ -1,5 +1,0 @@
-"""Queue admin config: YAML loading and validation, the queue tree, and the fair-share math."""
-
-from gpurm.native import extend_path
-
-__path__ = extend_path(__path__, __name__)  # compiled hot modules, when fresh

@@ -1,5 +1,0 @@
-"""The ResourceManager: cluster model, scheduler core, job records, store, gRPC services and the daemon."""
-
-from gpurm.native import extend_path
-
-__path__ = extend_path(__path__, __name__)  # compiled hot modules, when fresh
