@@ -4,10 +4,10 @@ After every core call (`with shell.mutation():`) it writes what changed to the s
 core's effects: launching AMs on agents, pushing stop orders down the agents' heartbeat streams and publishing
 job events and the cluster view over MQTT. Replies go out only after the store commit.
 
-Why it is over 500 lines: besides the effects it holds the credentials the RM hands out (per-node keys, join
-proofs, AM tokens and their renewal), the view publishing loop and the start/stop sequence with the store's
-fail-closed retry. Next to move out (issue 14): the credentials into rm/credentials.py and the MQTT publishing
-into rm/publishing.py.
+Why it is over 500 lines: besides the effects it holds the view publishing loop, queue refresh, log access over
+the agents and the start/stop sequence with the store's fail-closed retry. What it answers with is built
+elsewhere: the credentials in rm/credentials.py, the protobuf views in rm/pbviews.py, which container a log
+request names in rm/views.py.
 """
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.config import MAX_YAML_BYTES, parse_queues
 from gpurm.queues.fields import ConfigError, parse_address
 from gpurm.queues.tree import QueueTree, default_tree
-from gpurm.rm import brokerauth, convert, mqtt, tls
+from gpurm.rm import brokerauth, convert, mqtt, pbviews, tls
 from gpurm.rm.broker import EmbeddedBroker
 from gpurm.rm.config import RMConfig
 from gpurm.rm.core import RMCore
+from gpurm.rm.credentials import Credentials
 from gpurm.rm.identity import Caller, CallerKind
 from gpurm.rm.limits import make_server
 from gpurm.rm.messages import ErrorCode, JobChanged, LaunchAM, RequestError
@@ -47,15 +48,8 @@ from gpurm.rm.persist import RETRY_S, Persister, rebuild_core
 from gpurm.rm.service import AdminService, AMService, ClientService, DecodeGuard, TrackerService
 from gpurm.rm.statedir import StateDirBusy, StateDirLock, rotate_backup
 from gpurm.rm.store import SqliteStore, StoreDamaged, StoreWriteError
-from gpurm.rm.tokens import (
-    JOIN_WINDOW_MS,
-    ClusterKeys,
-    TokenKey,
-    am_token,
-    am_token_expiry,
-    sign_container,
-    write_secret_file,
-)
+from gpurm.rm.tokens import ClusterKeys, write_secret_file
+from gpurm.rm.views import log_container
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +57,6 @@ VERSION = "0.1.0"
 AGENT_CALL_TIMEOUT_S = 10.0
 
 
-HIDDEN = "(hidden)"        # an env value shown to someone who is not the job's owner or an admin
 READ_LOG_TOKEN_S = 60.0
 INSECURE_WARNING = ("INSECURE MODE: no mTLS (no tls: section in rm.yaml). Identity is whatever a client claims; "
                     "agents run every job as their one local user; admin requests are taken only from this host. "
@@ -93,11 +86,8 @@ class RMShell:
         self.persist = Persister(self.store, config.state_dir, self._roll_back)
         self._stale = False                            # memory is ahead of the store: rebuild before writing
         self._refresh_lock = asyncio.Lock()
-        self.keys = ClusterKeys.load(config.state_dir / "token.key")
+        self.creds = Credentials(ClusterKeys.load(config.state_dir / "token.key"))
         self.epoch = bump_epoch(config.state_dir / "epoch")
-        self._node_keys: dict[str, TokenKey] = {}
-        self._signed: dict[str, float] = {}          # container id -> expiry of the last token handed out
-        self._joins: dict[tuple[str, str, int], float] = {}   # join proofs seen (refused if replayed)
         self.mqtt_url = config.mqtt_url
         try:
             self.broker_auth = brokerauth.resolve(
@@ -195,22 +185,8 @@ class RMShell:
             self._channels[address] = channel
         return channel
 
-    def node_key(self, node_id: str) -> TokenKey:
-        key = self._node_keys.get(node_id)
-        if key is None:
-            key = self._node_keys[node_id] = self.keys.node_key(node_id)
-        return key
-
     def sign(self, c: Container, expiry_s: float, purpose: pb.TokenPurpose = pb.TOKEN_CONTAINER) -> pb.ContainerToken:
-        """A token for `c`, signed with its node's key: good on that node alone, for one purpose, `expiry_s`."""
-        expiry = time.time() + expiry_s
-        payload = pb.ContainerTokenPayload(
-            container_id=c.container_id, job_id=c.job_id, node_id=c.node_id, gpu_indices=c.gpu_indices,
-            kind=pb.CONTAINER_AM if c.kind is ContainerKind.AM else pb.CONTAINER_LEARNER, user=c.user,
-            expiry_ms=round(expiry * 1000), attempt=c.attempt, purpose=purpose)
-        if purpose == pb.TOKEN_CONTAINER:
-            self._signed[c.container_id] = expiry
-        return sign_container(payload, self.node_key(c.node_id))
+        return self.creds.sign(c, expiry_s, time.time(), purpose)
 
     # ------------------------------------------------------------ credentials
 
@@ -226,29 +202,14 @@ class RMShell:
         return self.is_admin(who) or self.core.may_kill(job, who.name, self.groups_of(who.name))
 
     def check_join(self, request: pb.RegisterNodeRequest) -> str:
-        """Why an insecure-mode registration does not prove its node ('' when it does); a proof works once."""
-        now_ms = convert.ms(time.time())
-        why = self.keys.check_join(request.node_id, request.agent_instance, request.join_time_ms,
-                                   bytes(request.join_proof), now_ms)
-        if why:
-            return why
-        seen = (request.node_id, request.agent_instance, request.join_time_ms)
-        if seen in self._joins:
-            return "this join proof was used before (a replayed registration)"
-        cutoff = time.time() - 2 * JOIN_WINDOW_MS / 1000
-        for old in [k for k, t in self._joins.items() if t < cutoff]:
-            del self._joins[old]
-        self._joins[seen] = time.time()
-        return ""
+        return self.creds.check_join(request, time.time())
 
     def fresh_am_token(self, job_id: str, am_attempt: int, ttl_s: float | None = None) -> str:
-        expiry = time.time() + (ttl_s if ttl_s is not None else self.core.settings.token_ttl_s)
-        return am_token(self.keys.am_key, job_id, am_attempt, round(expiry * 1000))
+        ttl = ttl_s if ttl_s is not None else self.core.settings.token_ttl_s
+        return self.creds.am_token(job_id, am_attempt, ttl, time.time())
 
     def renew_am_token(self, job_id: str, am_attempt: int, presented: str) -> str:
-        """A fresh AM token once the presented one is past half its life, else ''."""
-        left_s = am_token_expiry(presented) / 1000 - time.time()
-        return self.fresh_am_token(job_id, am_attempt) if left_s < self.core.settings.token_ttl_s / 2 else ""
+        return self.creds.renew_am_token(job_id, am_attempt, presented, self.core.settings.token_ttl_s, time.time())
 
     def renew_grants(self, job_id: str, skip: set[str]) -> list[pb.ContainerGrant]:
         """Grants of this job's live learners whose tokens are past a third of their life, re-signed."""
@@ -258,14 +219,12 @@ class RMShell:
         for c in self.core.job_containers(job_id):
             if c.kind is ContainerKind.AM or c.container_id in skip or not c.phase.live:
                 continue
-            if self._signed.get(c.container_id, 0.0) < due and c.node_id in self.core.cluster.nodes:
+            if self.creds.due_for_renewal(c.container_id, due) and c.node_id in self.core.cluster.nodes:
                 out.append(self.grant_pb(c.container_id))
         return out
 
     def _forget_tokens(self) -> None:
-        for cid in [cid for cid in self._signed if (c := self.core.containers.get(cid)) is None or
-                    not c.phase.live]:
-            del self._signed[cid]
+        self.creds.forget(lambda cid: (c := self.core.containers.get(cid)) is not None and c.phase.live)
 
     async def _launch_am(self, effect: LaunchAM) -> None:
         c = self.core.containers.get(effect.container_id)
@@ -361,33 +320,12 @@ class RMShell:
     # ------------------------------------------------------------ views
 
     def view_pb(self) -> pb.ClusterView:
-        nodes = sorted(self.core.cluster.nodes.values(), key=lambda n: n.node_id)
-        return pb.ClusterView(version=self.core.cluster.version, time_ms=convert.ms(time.time()), epoch=self.epoch,
-                              nodes=[convert.node_view_to_pb(n) for n in nodes])
+        return pbviews.cluster_view(self.core, self.epoch, time.time())
 
     def job_pb(self, job: Job, full: bool = True, preemptible_jobs: set[str] | None = None,
                private: bool = True) -> pb.Job:
-        """`private`: whether the asker may see env values (else each shows as HIDDEN)."""
-        live = self.core.job_containers(job.job_id)
-        if preemptible_jobs is None and not job.state.terminal:
-            preemptible_jobs = self.core.preemptible_jobs()
-        preemptible = job.job_id in (preemptible_jobs or set())
-        msg = convert.job_to_pb(job, gpus_held=sum(c.gpus for c in live), live_containers=len(live),
-                                preemptible=preemptible)
-        msg.waiting_reason = self.core.why_waiting(job)
-        if not private:
-            for name in msg.spec.env:
-                msg.spec.env[name] = HIDDEN
-        if full:
-            for attempt in msg.attempts:
-                for learner in attempt.learners:
-                    learner.usage = self.usage.get(learner.container_id, learner.usage)
-                    if attempt is msg.attempts[-1] and not job.state.terminal:
-                        learner.preemptible = preemptible
-        else:
-            for attempt in msg.attempts[:-1]:
-                del attempt.learners[:]
-        return msg
+        return pbviews.job(self.core, job, self.usage, full=full, preemptible_jobs=preemptible_jobs,
+                           private=private)
 
     def grant_pb(self, container_id: str) -> pb.ContainerGrant:
         c = self.core.containers[container_id]
@@ -437,27 +375,7 @@ class RMShell:
         return default_tree()
 
     def queues_pb(self) -> pb.ListQueuesResponse:
-        core = self.core
-        capacity = core.cluster.capacity
-        book = core.queues
-        shares = book.shares(capacity)
-        stats = core.queue_stats()
-        out = []
-        for q in book.tree.walk():
-            running, queued = stats.get(q.path, (0, 0))
-            used = book.used.get(q.path, 0)
-            starving = book.starvation.get(q.path)
-            since = min((t for t in ((starving.min_since, starving.fair_since) if starving else ()) if t), default=0)
-            out.append(pb.QueueInfo(
-                path=q.path, weight=q.weight, min_gpus=q.min_gpus,
-                max_gpus=-1 if q.max_gpus is None else q.max_gpus, steady_share=shares.steady.get(q.path, 0),
-                instantaneous_share=shares.instantaneous.get(q.path, 0), used_gpus=used,
-                pending_gpus=max(0, book.demand.get(q.path, 0) - used), running_jobs=running, queued_jobs=queued,
-                leaf=q.leaf, preemptible=q.effective_preemptible,
-                policy=q.effective_policy.value if q.leaf else "",
-                max_running_jobs=-1 if q.max_running_jobs is None else q.max_running_jobs,
-                starved_since_ms=convert.ms(since)))
-        return pb.ListQueuesResponse(queues=out, capacity=capacity)
+        return pbviews.queues(self.core)
 
     async def refresh_queues(self, text: str) -> pb.RefreshQueuesResponse:
         """All or nothing: an invalid config, or one that drops a queue still holding jobs, changes nothing.
@@ -536,7 +454,7 @@ class RMShell:
 
     async def read_logs(self, request: pb.GetLogsRequest) -> pb.GetLogsResponse:
         job = self.core.get_job(request.job_id)
-        container_id, node_id = self._log_container(job, request)
+        container_id, node_id = log_container(self.core.containers, job, request.am, request.attempt, request.rank)
         node = self.core.cluster.nodes.get(node_id)
         if node is None:
             raise RequestError(ErrorCode.UNAVAILABLE, f"node {node_id} is unknown to this RM; logs unreachable")
@@ -553,34 +471,6 @@ class RMShell:
                                f"({node.state.name.lower()}): {exc.details()}") from None
         return pb.GetLogsResponse(data=reply.data, next_offset=reply.next_offset, size=reply.size,
                                   container_id=container_id, node_id=node_id, container_done=reply.container_done)
-
-    def _log_container(self, job: Job, request: pb.GetLogsRequest) -> tuple[str, str]:
-        if request.am:
-            attempt_no = request.attempt or job.am_attempt
-            cid = f"{job.job_id}-am{attempt_no}"
-            c = self.core.containers.get(cid)
-            if c is None:
-                raise RequestError(ErrorCode.FAILED_PRECONDITION, f"{job.job_id} has no AM attempt {attempt_no}")
-            return cid, c.node_id
-        if not job.attempts:
-            raise RequestError(ErrorCode.FAILED_PRECONDITION,
-                               f"{job.job_id} has not started yet ({job.state.name}); no logs so far. "
-                               f"`gpurm status {job.job_id}` says why")
-        number = request.attempt or len(job.attempts)
-        if not 1 <= number <= len(job.attempts):
-            raise RequestError(ErrorCode.INVALID_ARGUMENT,
-                               f"attempt: {job.job_id} has attempts 1-{len(job.attempts)}, not {number}")
-        attempt = job.attempts[number - 1]
-        for learner in attempt.learners:
-            if learner.rank == request.rank and learner.container_id:
-                return learner.container_id, learner.node_id
-        ranks = sorted(learner.rank for learner in attempt.learners if learner.container_id)
-        if not ranks:
-            raise RequestError(ErrorCode.FAILED_PRECONDITION,
-                               f"attempt {number} of {job.job_id} has no learner running yet; no logs so far")
-        raise RequestError(ErrorCode.INVALID_ARGUMENT,
-                           f"rank: attempt {number} of {job.job_id} has ranks {ranks[0]}-{ranks[-1]}, "
-                           f"not {request.rank}")
 
     # ------------------------------------------------------------ lifecycle
 

@@ -253,7 +253,7 @@ class AMService(pbg.ApplicationMasterServicer):
             raise RequestError(ErrorCode.PERMISSION_DENIED,
                                f"AMs present an AM certificate (CN am:<name>, agent.yaml am_tls), not {who.name}")
         presented = metadata(context, AM_TOKEN_KEY)
-        why = check_am_token(self.shell.keys.am_key, job_id, am_attempt, presented, convert.ms(_now()))
+        why = check_am_token(self.shell.creds.keys.am_key, job_id, am_attempt, presented, convert.ms(_now()))
         if why:
             raise RequestError(ErrorCode.PERMISSION_DENIED,
                                f"not the AM of {job_id[:128]} attempt {am_attempt}: {why}")
@@ -406,7 +406,7 @@ class TrackerService(pbg.ResourceTrackerServicer):
         if who.verified:
             # Only over mTLS, to the node's own certificate: the key that signs this node's tokens. Without mTLS
             # the agent already holds it (its node secret), and nothing secret crosses the plaintext wire.
-            key = self.shell.keys.node_key(request.node_id)
+            key = self.shell.creds.node_key(request.node_id)
             reply.token_key, reply.token_key_id = key.secret, key.key_id
         return reply
 

@@ -1,5 +1,6 @@
-"""Read-only views of the core's records for the shell: job listings, per-queue job counts, and why a job waits
-(its AM's account, and the RM's when it holds the job back). Computed when asked; nothing here changes a record.
+"""Read-only views of the core's records for the shell: job listings, per-queue job counts, why a job waits
+(its AM's account, and the RM's when it holds the job back), and which container's log a request names.
+Computed when asked; nothing here changes a record.
 """
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ from collections.abc import Iterable, Mapping
 
 from gpurm.queues.tree import QueueTree
 from gpurm.rm.amlaunch import AMLauncher
-from gpurm.rm.messages import AppState
-from gpurm.rm.model import Job, JobState
+from gpurm.rm.messages import AppState, ErrorCode, RequestError
+from gpurm.rm.model import Container, Job, JobState
 
 
 def list_jobs(jobs: Mapping[str, Job], states: Iterable[JobState] = (), queue: str = "", user: str = "",
@@ -45,3 +46,33 @@ def why_waiting(job: Job, ams: AMLauncher, apps: Mapping[str, AppState]) -> str:
     app = apps.get(job.job_id)
     rm_reason = f"RM: {app.app.blocked}" if app is not None and app.app.blocked else ""
     return "; ".join(x for x in (job.waiting_reason, rm_reason) if x)
+
+
+def log_container(containers: Mapping[str, Container], job: Job, am: bool, attempt: int, rank: int
+                  ) -> tuple[str, str]:
+    """(container id, node id) of the log a GetLogs request names: the AM of `attempt` (0: the current AM) or
+    the learner of `rank` in job attempt `attempt` (0: the latest). RequestError says what exists instead."""
+    if am:
+        attempt_no = attempt or job.am_attempt
+        cid = f"{job.job_id}-am{attempt_no}"
+        c = containers.get(cid)
+        if c is None:
+            raise RequestError(ErrorCode.FAILED_PRECONDITION, f"{job.job_id} has no AM attempt {attempt_no}")
+        return cid, c.node_id
+    if not job.attempts:
+        raise RequestError(ErrorCode.FAILED_PRECONDITION,
+                           f"{job.job_id} has not started yet ({job.state.name}); no logs so far. "
+                           f"`gpurm status {job.job_id}` says why")
+    number = attempt or len(job.attempts)
+    if not 1 <= number <= len(job.attempts):
+        raise RequestError(ErrorCode.INVALID_ARGUMENT,
+                           f"attempt: {job.job_id} has attempts 1-{len(job.attempts)}, not {number}")
+    for learner in job.attempts[number - 1].learners:
+        if learner.rank == rank and learner.container_id:
+            return learner.container_id, learner.node_id
+    ranks = sorted(learner.rank for learner in job.attempts[number - 1].learners if learner.container_id)
+    if not ranks:
+        raise RequestError(ErrorCode.FAILED_PRECONDITION,
+                           f"attempt {number} of {job.job_id} has no learner running yet; no logs so far")
+    raise RequestError(ErrorCode.INVALID_ARGUMENT,
+                       f"rank: attempt {number} of {job.job_id} has ranks {ranks[0]}-{ranks[-1]}, not {rank}")

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gpurm.queues.config import parse_queues
 from gpurm.rm.amlaunch import AMLauncher
 from gpurm.rm.cluster import Cluster
 from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.messages import AppState
-from gpurm.rm.model import Job, JobState
+from gpurm.rm.messages import AppState, ErrorCode, RequestError
+from gpurm.rm.model import Attempt, Container, ContainerKind, Job, JobState, Learner
 from gpurm.rm.queuebook import QueueBook
 from gpurm.rm.scheduler import App
-from gpurm.rm.views import list_jobs, queue_stats, why_waiting
+from gpurm.rm.views import list_jobs, log_container, queue_stats, why_waiting
 
 TREE = parse_queues("queues:\n  a: {}\n  b: {}\n")
 
@@ -47,3 +49,26 @@ def test_why_a_job_waits() -> None:
     state.app.blocked = "queue b is at its max_gpus"
     assert why_waiting(allocating, ams, {"job-4": state}) == "planning; RM: queue b is at its max_gpus"
     assert why_waiting(JOBS["job-3"], ams, {}) == ""
+
+
+def test_log_container_names_the_am_or_a_learner_and_says_what_exists_instead() -> None:
+    j = job(9, "a", JobState.RUNNING)
+    j.am_attempt = 2
+    am2 = Container("job-9-am2", "job-9", ContainerKind.AM, "n3", [], 2, 0.0)
+    containers = {am2.container_id: am2}
+    assert log_container(containers, j, True, 0, 0) == ("job-9-am2", "n3")
+    with pytest.raises(RequestError, match="no AM attempt 1") as e:
+        log_container(containers, j, True, 1, 0)
+    assert e.value.code is ErrorCode.FAILED_PRECONDITION
+    with pytest.raises(RequestError, match="has not started yet"):
+        log_container(containers, j, False, 0, 0)
+    j.attempts = [Attempt(1, learners=[Learner(0, "n1", [0], container_id="c-1-0")]),
+                  Attempt(2, learners=[Learner(0, "n1", [0], container_id="c-2-0"),
+                                       Learner(1, "n2", [0], container_id="c-2-1"), Learner(2, "n2", [1])])]
+    assert log_container(containers, j, False, 0, 1) == ("c-2-1", "n2")          # the latest attempt
+    assert log_container(containers, j, False, 1, 0) == ("c-1-0", "n1")
+    with pytest.raises(RequestError, match="attempts 1-2, not 3") as e:
+        log_container(containers, j, False, 3, 0)
+    assert e.value.code is ErrorCode.INVALID_ARGUMENT
+    with pytest.raises(RequestError, match="ranks 0-1, not 2"):                 # rank 2 has no container yet
+        log_container(containers, j, False, 0, 2)
