@@ -131,6 +131,7 @@ class ExitStatus:
     signal: int = 0
     diagnostics: str = ""
     infra: bool = False
+    user_error: bool = False    # the agent judged it the job's own fault (command not found, no workdir)
 
     def describe(self) -> str:
         if self.kind is ExitKind.EXITED:
