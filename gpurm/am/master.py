@@ -78,8 +78,8 @@ class Ended:
             return f"failed ({self.diagnostics})"
         if self.signal:
             return f"was killed by signal {self.signal}"
-        if self.user_error and self.diagnostics:    # e.g. the shell's 127: say what the agent made of it
-            return f"exited with code {self.exit_code} ({self.diagnostics})"
+        if self.user_error and self.diagnostics:    # e.g. the shell's 127: what the agent made of it
+            return self.diagnostics
         return f"exited with code {self.exit_code}"
 
 

@@ -177,7 +177,7 @@ def test_a_shell_127_reported_as_a_user_error_fails_the_job_at_once() -> None:
     (h, _, _), = launch.learners
     m.on_started(h.container_id, True, 10, "", False, 0.5)
     m.on_ended(Ended(h.container_id, 127, user_error=True,
-                     diagnostics="the shell could not find the command"), 1.0)
+                     diagnostics="exited with code 127: the shell could not find the command"), 1.0)
     assert m.final is not None and m.final.exit_code == 127 and len(m.attempts) == 1
     assert "could not find the command" in m.final.diagnostics
 
