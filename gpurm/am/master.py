@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from gpurm.am.placement import Part, Plan, ServerView, View, as_view, plan
+from gpurm.am.relax import CostRelax, FreeRate
 from gpurm.queues.fields import format_duration
 from gpurm.rm.jobspec import JobSpec, LocalityLevel, LocalityMode
 from gpurm.rm.model import FailureKind, JobState, Learner
@@ -142,8 +143,13 @@ class Final:
 
 
 class Master:
-    def __init__(self, spec: JobSpec, now: float, rng: random.Random | None = None, first_attempt: int = 1) -> None:
+    def __init__(self, spec: JobSpec, now: float, rng: random.Random | None = None, first_attempt: int = 1,
+                 relax: CostRelax | None = None) -> None:
         self.spec = spec
+        # None: wait `locality.timeout` at each level (the default). A CostRelax: wait while the expected wait is
+        # below the run time the level saves (see am/relax.py), the timeout still ruling without enough history.
+        self.relax = relax
+        self.frees = FreeRate()
         self.rng = rng or random.Random()
         self.phase = Phase.PLANNING
         self.view: View = View([])
@@ -209,7 +215,7 @@ class Master:
         """When `step` next has something to do by itself (a level timing out, a back-off ending, a stop wait
         running out); None when only an event can move it on."""
         if self.phase in (Phase.PLANNING, Phase.ACQUIRING):
-            return self.level_since + self.spec.locality.timeout_s
+            return self._level_deadline()
         if self.phase is Phase.BACKOFF:
             return self.backoff_until
         if self.phase is Phase.STOPPING:
@@ -261,7 +267,10 @@ class Master:
     # ------------------------------------------------------------ inputs
 
     def on_view(self, servers: View | Sequence[ServerView], now: float) -> None:
-        self.view = as_view(servers)
+        view = as_view(servers)
+        if self.relax is not None:
+            self.frees.observe(self.view, view, now)
+        self.view = view
         self.step(now)
 
     def on_grant(self, held: Held, now: float) -> None:
@@ -430,8 +439,19 @@ class Master:
                 if self.plan is None:
                     self.phase = Phase.PLANNING
         if self.phase in (Phase.PLANNING, Phase.ACQUIRING) and \
-                now >= self.level_since + self.spec.locality.timeout_s:   # same expression as next_deadline
+                now >= self._level_deadline():   # same expression as next_deadline
             self._give_up_level(now)
+
+    def _level_deadline(self) -> float:
+        """When the current level is given up: its timeout, or with a cost policy (and a rate it can trust, and a
+        looser level to go to) when the expected wait passes the run time the level saves."""
+        timeout_at = self.level_since + self.spec.locality.timeout_s
+        if self.relax is None or not self.frees.trusted:
+            return timeout_at
+        nxt = self._shape_floor(self._next_level())
+        if nxt is self.level:
+            return timeout_at
+        return self.relax.deadline(self.level, nxt, self.level_since, self.view, self.spec.gpus, self.frees.rate())
 
     def _first_level(self) -> LocalityLevel:
         """Where an attempt starts: `any` for a job that does not care about locality, else its start level."""
@@ -646,7 +666,8 @@ class Master:
     def waiting_reason(self, now: float) -> str:
         gpus = self.spec.gpus
         level = self.level
-        timeout = self.spec.locality.timeout_s
+        timeout = self.spec.locality.timeout_s if self.phase is Phase.BACKOFF else \
+            max(0.0, self._level_deadline() - self.level_since)
         clock = f"level {level.label}, {format_duration(now - self.level_since)} of {format_duration(timeout)}"
         strict = self.spec.locality.mode is LocalityMode.STRICT
         if self.phase is Phase.BACKOFF:
