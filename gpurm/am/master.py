@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from gpurm.am.placement import Part, Plan, ServerView, View, as_view, plan
+from gpurm.am.relax import CostRelax, FreeRate
 from gpurm.queues.fields import format_duration
-from gpurm.rm.jobspec import JobSpec, LocalityLevel
+from gpurm.rm.jobspec import JobSpec, LocalityLevel, LocalityMode
 from gpurm.rm.model import FailureKind, JobState, Learner
 
 USER_ERROR_WINDOW_S = 60.0     # a failure this soon after start, twice with one exit code, is the user's
@@ -67,6 +68,7 @@ class Ended:
     lost: bool = False          # node lost, agent forgot it, grant expired
     infra: bool = False
     diagnostics: str = ""
+    user_error: bool = False    # the agent saw the job's own fault (command not found, no workdir): never retried
 
     def describe(self) -> str:
         if self.lost:
@@ -77,6 +79,8 @@ class Ended:
             return f"failed ({self.diagnostics})"
         if self.signal:
             return f"was killed by signal {self.signal}"
+        if self.user_error and self.diagnostics:    # e.g. the shell's 127: what the agent made of it
+            return self.diagnostics
         return f"exited with code {self.exit_code}"
 
 
@@ -139,8 +143,13 @@ class Final:
 
 
 class Master:
-    def __init__(self, spec: JobSpec, now: float, rng: random.Random | None = None, first_attempt: int = 1) -> None:
+    def __init__(self, spec: JobSpec, now: float, rng: random.Random | None = None, first_attempt: int = 1,
+                 relax: CostRelax | None = None) -> None:
         self.spec = spec
+        # None: wait `locality.timeout` at each level (the default). A CostRelax: wait while the expected wait is
+        # below the run time the level saves (see am/relax.py), the timeout still ruling without enough history.
+        self.relax = relax
+        self.frees = FreeRate()
         self.rng = rng or random.Random()
         self.phase = Phase.PLANNING
         self.view: View = View([])
@@ -153,14 +162,15 @@ class Master:
         self.dirty: set[int] = set()
         self.final: Final | None = None
         self.plan: Plan | None = None
-        self.level = spec.locality.start_level
+        self.level = self._first_level()
         self.level_since = now
         self.backoffs = 0              # back-offs taken in this attempt (the exponent)
         self.backoff_until = 0.0
         self.stop_since = 0.0
-        self.pending_end: tuple[FailureKind, str, int] | None = None
+        self.pending_end: tuple[FailureKind, str, int, bool] | None = None   # kind, cause, exit code, fatal
         self.plan_replies = 0          # allocate replies since the current plan's asks went out
         self.salt = self.rng.getrandbits(32)   # this AM's own order among equally good servers
+        self.skipped = ""              # the levels the cluster's shape ruled out on entering this one, and why
         self._new_attempt(first_attempt, now)
 
     # ------------------------------------------------------------ outputs
@@ -205,7 +215,7 @@ class Master:
         """When `step` next has something to do by itself (a level timing out, a back-off ending, a stop wait
         running out); None when only an event can move it on."""
         if self.phase in (Phase.PLANNING, Phase.ACQUIRING):
-            return self.level_since + self.spec.locality.timeout_s
+            return self._level_deadline()
         if self.phase is Phase.BACKOFF:
             return self.backoff_until
         if self.phase is Phase.STOPPING:
@@ -225,11 +235,13 @@ class Master:
             self.step(deadline)
 
     def _idle_at_any(self) -> bool:
-        return (self.phase is Phase.BACKOFF and self.level is LocalityLevel.ANY and not self.held
-                and self.view.cannot_fit(self.spec.gpus, LocalityLevel.ANY))
+        """Backing off at the last level it will try (`any`; a strict job's own level), holding nothing, in a
+        view where nothing fits at that level."""
+        return (self.phase is Phase.BACKOFF and self.level is self._next_level() and not self.held
+                and self.view.cannot_fit(self.spec.gpus, self.level))
 
     def _skip_idle_cycles(self, now: float) -> None:
-        """Back-off → plan at `any` (nothing fits) → time out → back-off, as many whole cycles as end before
+        """Back-off → plan at the last level (nothing fits) → time out → back-off, as many whole cycles as end before
         `now`, without planning: the view proves every plan would fail. Same clock and random draws as stepping
         through them; a job waiting for days in a full cluster would otherwise replan hundreds of times."""
         timeout = self.spec.locality.timeout_s
@@ -240,7 +252,7 @@ class Master:
             self.backoff_until = self.level_since + timeout + self.rng.uniform(0.0, cap)
         if self.backoff_until <= now:
             self.step(self.backoff_until)        # the last back-off ends before now: plan (and fail) for real
-        self.attempt.level = LocalityLevel.ANY.label
+        self.attempt.level = self.level.label
         self.dirty.add(self.attempt.number)
 
     @property
@@ -255,7 +267,10 @@ class Master:
     # ------------------------------------------------------------ inputs
 
     def on_view(self, servers: View | Sequence[ServerView], now: float) -> None:
-        self.view = as_view(servers)
+        view = as_view(servers)
+        if self.relax is not None:
+            self.frees.observe(self.view, view, now)
+        self.view = view
         self.step(now)
 
     def on_grant(self, held: Held, now: float) -> None:
@@ -285,16 +300,19 @@ class Master:
                     and ended.signal == 0:
                 self._succeeded_learner(run, now)
             else:
-                kind = FailureKind.INFRA if (ended.lost or ended.infra) else FailureKind.USER
+                user = ended.user_error and not ended.lost
+                kind = FailureKind.INFRA if (ended.lost or ended.infra) and not user else FailureKind.USER
                 if kind is FailureKind.INFRA:
                     self.avoid.add(run.held.node_id)
                 cause = f"rank {run.rank} on {run.held.node_id} {ended.describe()}"
-                self._end_attempt(kind, cause, ended.exit_code if not ended.signal else 128 + ended.signal, now)
+                self._end_attempt(kind, cause, ended.exit_code if not ended.signal else 128 + ended.signal, now,
+                                  fatal=user)
         self.step(now)
 
     def on_started(self, container_id: str, ok: bool, pid: int, diagnostics: str, infra: bool,
-                   now: float) -> None:
-        """The shell's report of one learner launch."""
+                   now: float, user_error: bool = False) -> None:
+        """The shell's report of one learner launch; `user_error`: the agent judged the failure the job's own
+        (command not found, workdir missing), the same wherever it runs: the job fails without a retry."""
         run = self.runs.get(container_id)
         if run is None or run.state != "STARTING":
             return
@@ -310,11 +328,12 @@ class Master:
         else:
             run.state = "FAILED_TO_START"
             self._sync_learners()
+            infra = infra and not user_error
             if infra:
                 self.avoid.add(run.held.node_id)
             kind = FailureKind.INFRA if infra else FailureKind.USER
             self._end_attempt(kind, f"rank {run.rank} on {run.held.node_id} failed to start: {diagnostics}",
-                              0, now)
+                              0, now, fatal=user_error)
         self.step(now)
 
     def on_preempted(self, container_ids: Iterable[str], grace_s: float, now: float) -> None:
@@ -381,7 +400,7 @@ class Master:
             last.state = JobState.ALLOCATING
             last.learners = []
             self.dirty.add(last.number)
-            self._enter_level(self.spec.locality.start_level, now)
+            self._enter_level(self._first_level(), now)
         self.step(now)
 
     # ------------------------------------------------------------ the machine
@@ -398,11 +417,9 @@ class Master:
         if self.phase is Phase.BACKOFF:
             if now < self.backoff_until:
                 return
-            nxt = LocalityLevel(min(self.level + 1, LocalityLevel.ANY))
-            self._enter_level(nxt, now)
-        if self.phase is Phase.PLANNING and self.level is LocalityLevel.NODE and len(self.view) \
-                and self.view.fewest_servers(self.spec.gpus) > 1:
-            self._enter_level(LocalityLevel.PACKED, now)    # no server is big enough: skip at once
+            self._enter_level(self._next_level(), now)
+        if self.phase is Phase.PLANNING and self._shape_floor(self.level) is not self.level:
+            self._enter_level(self.level, now)    # the cluster's shape can never hold the job here: skip at once
         if self.phase is Phase.PLANNING:
             self.plan = plan(self.spec.gpus, self.view, self.level, self.avoid, self.salt) if len(self.view) else None
             if self.plan is not None:
@@ -422,13 +439,60 @@ class Master:
                 if self.plan is None:
                     self.phase = Phase.PLANNING
         if self.phase in (Phase.PLANNING, Phase.ACQUIRING) and \
-                now >= self.level_since + self.spec.locality.timeout_s:   # same expression as next_deadline
+                now >= self._level_deadline():   # same expression as next_deadline
             self._give_up_level(now)
 
+    def _level_deadline(self) -> float:
+        """When the current level is given up: its timeout, or with a cost policy (and a rate it can trust, and a
+        looser level to go to) when the expected wait passes the run time the level saves."""
+        timeout_at = self.level_since + self.spec.locality.timeout_s
+        if self.relax is None or not self.frees.trusted:
+            return timeout_at
+        nxt = self._shape_floor(self._next_level())
+        if nxt is self.level:
+            return timeout_at
+        return self.relax.deadline(self.level, nxt, self.level_since, self.view, self.spec.gpus, self.frees.rate())
+
+    def _first_level(self) -> LocalityLevel:
+        """Where an attempt starts: `any` for a job that does not care about locality, else its start level."""
+        if self.spec.locality.mode is LocalityMode.ANY:
+            return LocalityLevel.ANY
+        return self.spec.locality.start_level
+
+    def _shape_floor(self, level: LocalityLevel) -> LocalityLevel:
+        """`level`, or the first level after it that the cluster's shape can satisfy for this job (a 24-GPU job
+        on 8-GPU servers is never at `node`; a 48-GPU job on racks of 32 GPUs never in one rack): waiting at
+        the others would only waste their timeouts. Decided from the view's servers (sizes, racks), not from
+        what is free; `any` when the cluster is too small for the job altogether, and no skip without a view."""
+        if not len(self.view) or self.view.satisfiable(self.spec.gpus, level):
+            return level
+        for candidate in (LocalityLevel.PACKED, LocalityLevel.RACK):
+            if candidate > level and self.view.satisfiable(self.spec.gpus, candidate):
+                return candidate
+        return LocalityLevel.ANY
+
+    def _why_skipped(self, wanted: LocalityLevel, level: LocalityLevel) -> str:
+        """Why the levels from `wanted` up to `level` were skipped: the job's status says it, so a start level
+        the cluster cannot give (`--start-level node` for 16 GPUs on 8-GPU servers) is not silently ignored."""
+        gpus = self.spec.gpus
+        why = {LocalityLevel.NODE: f"no server has {gpus} GPUs",
+               LocalityLevel.PACKED: f"no rack holds {gpus} GPUs on {self.view.fewest_servers(gpus)} servers",
+               LocalityLevel.RACK: f"no rack has {gpus} GPUs"}
+        parts = [f"{lv.label} ({why[lv]})" for lv in (LocalityLevel.NODE, LocalityLevel.PACKED, LocalityLevel.RACK)
+                 if wanted <= lv < level]
+        return f"skipped {', '.join(parts)}: the cluster's shape can never give them" if parts else ""
+
+    def _next_level(self) -> LocalityLevel:
+        """The level to try after a back-off: one looser (`any` stays `any`); a strict job stays at the best level
+        the cluster's shape allows it from its start level."""
+        if self.spec.locality.mode is LocalityMode.STRICT:
+            return self._shape_floor(self._first_level())
+        return LocalityLevel(min(self.level + 1, LocalityLevel.ANY))
+
     def _enter_level(self, level: LocalityLevel, now: float) -> None:
-        # A level that can never hold the job (one server too small) is skipped at once.
-        if level is LocalityLevel.NODE and len(self.view) and self.view.fewest_servers(self.spec.gpus) > 1:
-            level = LocalityLevel.PACKED
+        wanted = level
+        level = self._shape_floor(level)      # a level the job can never be at is skipped at once
+        self.skipped = self._why_skipped(wanted, level) if level is not wanted else ""
         self.level = level
         self.level_since = now
         self.plan = None
@@ -522,15 +586,16 @@ class Master:
         self.phase = Phase.DONE
 
     def _end_attempt(self, kind: FailureKind, cause: str, exit_code: int, now: float,
-                     grace_s: float = 10.0) -> None:
-        """The attempt is over: stop what still runs, give everything back, then decide in _after_stop."""
+                     grace_s: float = 10.0, fatal: bool = False) -> None:
+        """The attempt is over: stop what still runs, give everything back, then decide in _after_stop (`fatal`:
+        a user error that every retry would repeat; the job fails then)."""
         if self.phase is Phase.STOPPING or self.phase is Phase.DONE:
             return
         for run in self._live_runs():
             self.actions.append(Stop(run.held, grace_s, cause))
         self.releases.extend(self.held)
         self.held.clear()
-        self.pending_end = (kind, cause, exit_code)
+        self.pending_end = (kind, cause, exit_code, fatal)
         self.phase = Phase.STOPPING
         self.stop_since = now
         attempt = self.attempt
@@ -544,11 +609,14 @@ class Master:
         # Whatever did not confirm its end in time is released anyway; the RM stops it.
         self.releases.extend(r.held.container_id for r in self._live_runs())
         assert self.pending_end is not None
-        kind, cause, code = self.pending_end
+        kind, cause, code, fatal = self.pending_end
         self.pending_end = None
         failures = [a for a in self.attempts if a.counts_as_failure]
         if kind is FailureKind.PREEMPTED:
             self._new_attempt(self.attempt.number + 1, now)
+            return
+        if fatal:
+            self._fail(f"{cause}: a user error (it would fail the same way again), not retried", code)
             return
         if len(failures) > self.spec.max_retries:
             causes = "; ".join(f"attempt {a.number}: {a.cause}" for a in self.attempts if a.counts_as_failure)
@@ -577,7 +645,7 @@ class Master:
         self.attempts.append(AttemptRecord(number=number, start_time=now))
         self.dirty.add(number)
         self.backoffs = 0
-        self._enter_level(self.spec.locality.start_level, now)
+        self._enter_level(self._first_level(), now)
 
     def _sync_learners(self) -> None:
         self.attempt.learners = [
@@ -598,12 +666,19 @@ class Master:
     def waiting_reason(self, now: float) -> str:
         gpus = self.spec.gpus
         level = self.level
-        timeout = self.spec.locality.timeout_s
+        timeout = self.spec.locality.timeout_s if self.phase is Phase.BACKOFF else \
+            max(0.0, self._level_deadline() - self.level_since)
         clock = f"level {level.label}, {format_duration(now - self.level_since)} of {format_duration(timeout)}"
+        strict = self.spec.locality.mode is LocalityMode.STRICT
         if self.phase is Phase.BACKOFF:
-            nxt = LocalityLevel(min(level + 1, LocalityLevel.ANY))
+            nxt = self._next_level()
+            again = " again (locality strict: it never relaxes further)" if strict and nxt is level else ""
             return (f"backing off {format_duration(max(0.0, self.backoff_until - now))} after {level.label} "
-                    f"timed out; then trying {nxt.label}")
+                    f"timed out; then trying {nxt.label}{again}")
+        if strict:
+            clock += " (locality strict: it waits here, never relaxing further)"
+        if self.skipped:
+            clock += f"; {self.skipped}"
         want = _describe_level(gpus, level, self.view.fewest_servers(gpus) if len(self.view) else 1)
         if self.phase is Phase.ACQUIRING and self.plan is not None:
             missing = self._missing_parts()

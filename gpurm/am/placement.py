@@ -92,6 +92,7 @@ class View:
         self._candidates: list[ServerView] | None = None
         self._by_domain: dict[str, list[ServerView]] | None = None
         self._no_plan: set[tuple[int, LocalityLevel]] = set()
+        self._shape: dict[tuple[int, LocalityLevel], bool] = {}   # (gpus, level) -> satisfiable in an empty cluster
 
     def updated(self, changed: Iterable[ServerView]) -> View:
         """A new View: this one with some servers replaced (same node ids, same order), the aggregates updated
@@ -104,6 +105,7 @@ class View:
         if index is None:
             index = self._index = {s.node_id: k for k, s in enumerate(self.servers)}
         sizes_same = True
+        domains_same = True
         total = self.total_free
         for s in changed:
             k = index[s.node_id]
@@ -118,6 +120,7 @@ class View:
             if d_old != d_new and not any((x.ib_domain or x.rack) == d_old for x in servers):
                 del domain_free[d_old]
             sizes_same = sizes_same and old.total == s.total
+            domains_same = domains_same and d_old == d_new
         new.servers = servers
         new.free_on = free_on
         new.total_free = total
@@ -130,6 +133,8 @@ class View:
         new._candidates = None
         new._by_domain = None
         new._no_plan = set()
+        # The shape (sizes, domains) is what `satisfiable` reads: keep its answers while it did not change.
+        new._shape = self._shape if sizes_same and domains_same else {}
         return new
 
     def __len__(self) -> int:
@@ -142,6 +147,30 @@ class View:
                 self._sizes = sorted((s.total for s in self.servers if s.total > 0), reverse=True)
             k = self._fewest[gpus] = _fewest(gpus, self._sizes)
         return k
+
+    def satisfiable(self, gpus: int, level: LocalityLevel) -> bool:
+        """Whether a plan at `level` could ever exist for `gpus` GPUs on this cluster's shape (its servers'
+        healthy GPUs and their racks), were every GPU free: a level that fails this is not worth waiting at."""
+        key = (gpus, level)
+        known = self._shape.get(key)
+        if known is None:
+            known = self._shape[key] = self._satisfiable(gpus, level)
+        return known
+
+    def _satisfiable(self, gpus: int, level: LocalityLevel) -> bool:
+        sizes = [s.total for s in self.servers if s.total > 0]
+        if level is LocalityLevel.NODE:
+            return max(sizes, default=0) >= gpus
+        if level is LocalityLevel.ANY:
+            return sum(sizes) >= gpus
+        domains: dict[str, list[int]] = {}
+        for s in self.servers:
+            if s.total > 0:
+                domains.setdefault(s.domain, []).append(s.total)
+        if level is LocalityLevel.RACK:
+            return any(sum(d) >= gpus for d in domains.values())
+        cap = self.fewest_servers(gpus)     # PACKED: the fewest servers anywhere, all of them in one domain
+        return any(sum(sorted(d, reverse=True)[:cap]) >= gpus for d in domains.values())
 
     def cannot_fit(self, gpus: int, level: LocalityLevel) -> bool:
         """True when the aggregates alone prove no plan at `level` exists (False: maybe one does)."""

@@ -53,7 +53,7 @@ def held_from_grant(g: pb.ContainerGrant) -> Held:
 def ended_from_status(s: pb.ContainerStatus) -> Ended:
     return Ended(container_id=s.container_id, exit_code=s.exit_code, signal=s.signal, stopped=s.stopped,
                  failed_to_start=s.state == pb.CONTAINER_FAILED_TO_START, lost=s.state == pb.CONTAINER_LOST,
-                 infra=s.infra_failure, diagnostics=s.diagnostics)
+                 infra=s.infra_failure, diagnostics=s.diagnostics, user_error=s.user_error)
 
 
 def attempt_from_pb(a: pb.Attempt) -> AttemptRecord:
@@ -274,7 +274,7 @@ class AMRunner:
         status = reply.status
         if status.state == pb.CONTAINER_FAILED_TO_START:
             self.master.on_started(held.container_id, False, 0, status.diagnostics, status.infra_failure,
-                                   time.time())
+                                   time.time(), user_error=status.user_error)
         elif status.state in (pb.CONTAINER_RUNNING, pb.CONTAINER_STARTING, pb.CONTAINER_EXITED):
             # An already exited learner still started; its end arrives through the RM.
             self.master.on_started(held.container_id, True, status.pid, "", False, time.time())

@@ -23,7 +23,7 @@ from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.fields import ConfigError, format_duration, parse_duration
 from gpurm.rm import mqtt
 from gpurm.rm.brokerauth import Credentials
-from gpurm.rm.jobspec import JobSpec, LocalityLevel, parse_job_yaml, spec_to_proto, validate_spec
+from gpurm.rm.jobspec import JobSpec, LocalityLevel, LocalityMode, parse_job_yaml, spec_to_proto, validate_spec
 
 STATE_NAMES = {v: k.removeprefix("JOB_") for k, v in pb.JobState.items()}
 TERMINAL = (pb.JOB_SUCCEEDED, pb.JOB_FAILED, pb.JOB_KILLED)
@@ -87,6 +87,8 @@ def _spec_from_args(args: argparse.Namespace) -> JobSpec:
                 raise CliError(f"--{flag.replace('_', '-')}: {exc}") from None
     if args.start_level:
         spec.locality.start_level = LocalityLevel.parse(args.start_level)
+    if getattr(args, "locality", None):
+        spec.locality.mode = LocalityMode.parse(args.locality)
     problems = validate_spec(spec)
     if problems:
         raise CliError("; ".join(problems))
@@ -225,6 +227,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def describe_locality(loc: pb.LocalitySpec) -> str:
+    """The job's locality setting as `gpurm status` shows it: mode, start level, timeout and back-off."""
+    mode = loc.mode or "prefer"
+    if mode == "any":
+        return "any (does not wait for locality)"
+    timeout = format_duration(loc.timeout_ms / 1000) if loc.timeout_ms else "1m"
+    start = loc.start_level or "packed"
+    what = "never relaxes past the best level the cluster allows" if mode == "strict" else "relaxes after"
+    return f"{mode} (from {start}; {what} {timeout} per level)" if mode == "prefer" else \
+        f"{mode} (from {start}; {what}; {timeout} per try)"
+
+
 def render_status(job: pb.Job, now: float | None = None) -> str:
     now = now or time.time()
     lines: list[str] = []
@@ -248,6 +262,7 @@ def render_status(job: pb.Job, now: float | None = None) -> str:
     field("gpus", f"{spec.gpus}{held}" + ("  PREEMPTIBLE (runs beyond its queue's share)" if job.preemptible else ""))
     field("command", cmd)
     field("workdir", spec.workdir or "-")
+    field("locality", describe_locality(spec.locality))
     field("submitted", f"{clock(job.submit_ms)} ({ago(job.submit_ms, now)} ago)")
     if job.start_ms:
         field("started", clock(job.start_ms))

@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backoff-base", metavar="DURATION", help="first back-off before relaxing locality (10s)")
     p.add_argument("--backoff-max", metavar="DURATION", help="longest back-off (10m)")
     p.add_argument("--start-level", choices=("node", "packed", "rack", "any"), help="first locality level (packed)")
+    p.add_argument("--locality", choices=("strict", "prefer", "any"),
+                   help="how much the job cares about locality: strict never relaxes, prefer (default) relaxes "
+                        "after waiting, any does not wait for locality")
     p.add_argument("--wait", action="store_true", help="wait for the job to end, showing progress; exit 0 only if "
                                                       "it succeeded")
     p.set_defaults(func=jobs.cmd_submit)

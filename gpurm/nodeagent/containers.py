@@ -325,7 +325,7 @@ class ContainerSupervisor:
             return
         rec.run_as = who.user
         if not rec.argv:
-            self._fail_to_start(rec, cdir, "cannot start: the command is empty")
+            self._fail_to_start(rec, cdir, "cannot start: the command is empty", user=True)
             return
         try:
             extra_env = self._prepare_dir(rec, cdir, who)
@@ -337,7 +337,7 @@ class ContainerSupervisor:
         rec.workdir = str(cwd)
         if not cwd.is_dir():
             why = "is not a directory" if cwd.exists() else "does not exist"
-            self._fail_to_start(rec, cdir, f"cannot start: workdir {cwd} {why}")
+            self._fail_to_start(rec, cdir, f"cannot start: workdir {cwd} {why}", user=True)
             return
         env_all = container_env(
             passthrough=self.env_passthrough, agent_env=self._agent_env, launch_env=env,
@@ -375,7 +375,8 @@ class ContainerSupervisor:
             problem = answer.error
             if answer.launcher_failed:
                 problem += _tail(cdir / LAUNCHER_LOG)
-            self._fail_to_start(rec, cdir, problem, infra=answer.launcher_failed)
+            self._fail_to_start(rec, cdir, problem, infra=answer.launcher_failed,
+                                user=answer.user_error and not answer.launcher_failed)
             return
         rec.pid = answer.pid
         rec.pgid = rec.shim_pid = proc.pid  # the launcher leads the container's session and group
@@ -422,10 +423,12 @@ class ContainerSupervisor:
         if rec.cgroup and self.cgroups.remove(Path(rec.cgroup)):
             rec.cgroup = ""
 
-    def _fail_to_start(self, rec: ContainerRecord, cdir: Path, problem: str, *, infra: bool = False) -> None:
+    def _fail_to_start(self, rec: ContainerRecord, cdir: Path, problem: str, *, infra: bool = False,
+                       user: bool = False) -> None:
         rec.state = pb.CONTAINER_FAILED_TO_START
         rec.diagnostics = problem
         rec.infra_failure = infra
+        rec.user_error = user
         rec.end_ms = self._clock_ms()
         # Also in the log, so `gpurm logs` shows why nothing ran.
         with contextlib.suppress(OSError):
@@ -490,6 +493,10 @@ class ContainerSupervisor:
             else:
                 rec.exit_code = rc
                 what = f"exited with code {rc}"
+                shell_says = _shell_user_error(rec.argv, rc) if not rec.stopped else ""
+                if shell_says:
+                    rec.user_error = True
+                    what += f": {shell_says}"
             what += note
             rec.diagnostics = f"{what} after stop: {rec.stop_reason}" if rec.stopped and rec.stop_reason else what
         self._procs.pop(cid, None)
@@ -636,6 +643,21 @@ class ContainerSupervisor:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("container watcher failed", exc_info=task.exception())
+
+
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
+
+
+def _shell_user_error(argv: list[str], rc: int) -> str:
+    """Why a shell command's exit is the job's own fault, or "": a shell exits 127 when it cannot find the
+    command and 126 when it cannot run it (POSIX), and a retry, here or elsewhere, would do the same."""
+    if len(argv) < 3 or os.path.basename(argv[0]) not in SHELLS or argv[1] != "-c":
+        return ""
+    if rc == 127:
+        return "the shell could not find the command (see its output)"
+    if rc == 126:
+        return "the shell found the command but could not run it (not executable?)"
+    return ""
 
 
 def _tail(path: Path, max_bytes: int = 2000) -> str:

@@ -63,6 +63,7 @@ class Handshake:
     error: str = ""
     cgroup_error: str = ""        # the launcher could not join the container's cgroup (it ran without)
     launcher_failed: bool = False  # the launcher itself died or hung before answering (an agent problem)
+    user_error: bool = False       # exec failed for the job's own reason (command not found, no workdir)
 
 
 def launch_spec(*, argv: Sequence[str], env: Mapping[str, str], cwd: Path, run_as: RunAs,
@@ -127,7 +128,7 @@ def read_handshake(fd: int, timeout_s: float) -> Handshake:
     except ValueError:
         return Handshake(error="the container's launcher answered nonsense", launcher_failed=True)
     return Handshake(pid=int(data.get("pid", 0)), error=str(data.get("error", "")),
-                     cgroup_error=str(data.get("cgroup_error", "")))
+                     cgroup_error=str(data.get("cgroup_error", "")), user_error=data.get("user_error") is True)
 
 
 def read_exit(cdir: Path) -> int | None:

@@ -50,6 +50,7 @@ class ContainerRecord:
     stop_reason: str = ""
     diagnostics: str = ""
     infra_failure: bool = False
+    user_error: bool = False      # the job's own fault, the same on any node (command not found, no workdir)
     start_ms: int = 0
     end_ms: int = 0
     cpus: int = 0                 # share granted by the token (0: node CPUs * GPUs / node GPUs)
@@ -75,6 +76,7 @@ class ContainerRecord:
             pid=self.pid, exit_code=self.exit_code, signal=self.signal, stopped=self.stopped,
             diagnostics=self.diagnostics, start_ms=self.start_ms, end_ms=self.end_ms,
             gpu_indices=self.gpu_indices, node_id=self.node_id, infra_failure=self.infra_failure,
+            user_error=self.user_error,
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -11,7 +11,9 @@ agent's user:
    container's user (setgroups / setgid / setuid) when asked, so every file it writes from here on is that
    user's and no symlink in the container dir can make it write elsewhere;
 4. starts the command, its stdout and stderr a pipe the shim reads;
-5. tells the agent on HANDSHAKE_FD: `{"pid": N}` or `{"error": "...", "errno": E}` (exec failed, refused);
+5. tells the agent on HANDSHAKE_FD: `{"pid": N}` or `{"error": "...", "errno": E}` (exec failed, refused),
+   with `"user_error": true` when exec failed for the job's own reason (command not found or not executable,
+   workdir missing): retrying it anywhere would fail the same way;
 6. copies the output into output.log (0600), rotating it by size (`logfiles.LogWriter`);
 7. when the command ends, writes `exit.json` (`{"returncode": rc}`, negative = killed by that signal) and exits.
 
@@ -38,6 +40,8 @@ from typing import Any
 from gpurm.nodeagent.logfiles import LogWriter
 
 EXIT_FILE = "exit.json"
+# exec failures that are the job's own (its command or workdir), the same on every node and every retry
+USER_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.ENOEXEC, errno.EISDIR})
 DRAIN_S = 0.2       # after the command's exit: read what is still buffered, not what stragglers write later
 
 
@@ -117,7 +121,7 @@ def run(cdir: Path, handshake_fd: int, spec_fd: int) -> int:
             close_fds=True)
     except OSError as exc:
         why = describe_exec_error(exc, argv[0] if argv else "", spec["cwd"], spec["env"].get("PATH", os.defpath))
-        answer.update(error=why, errno=exc.errno or 0)
+        answer.update(error=why, errno=exc.errno or 0, user_error=exc.errno in USER_ERRNOS)
         os.write(handshake_fd, (json.dumps(answer) + "\n").encode())
         return 127
     finally:

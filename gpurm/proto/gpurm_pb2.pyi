@@ -240,7 +240,7 @@ class ClusterView(_message.Message):
     def __init__(self, version: _Optional[int] = ..., time_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeView, _Mapping]]] = ..., base_version: _Optional[int] = ..., delta: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class ContainerStatus(_message.Message):
-    __slots__ = ("container_id", "job_id", "kind", "state", "pid", "exit_code", "signal", "stopped", "diagnostics", "start_ms", "end_ms", "gpu_indices", "node_id", "infra_failure")
+    __slots__ = ("container_id", "job_id", "kind", "state", "pid", "exit_code", "signal", "stopped", "diagnostics", "start_ms", "end_ms", "gpu_indices", "node_id", "infra_failure", "user_error")
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -255,6 +255,7 @@ class ContainerStatus(_message.Message):
     GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INFRA_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    USER_ERROR_FIELD_NUMBER: _ClassVar[int]
     container_id: str
     job_id: str
     kind: ContainerKind
@@ -269,7 +270,8 @@ class ContainerStatus(_message.Message):
     gpu_indices: _containers.RepeatedScalarFieldContainer[int]
     node_id: str
     infra_failure: bool
-    def __init__(self, container_id: _Optional[str] = ..., job_id: _Optional[str] = ..., kind: _Optional[_Union[ContainerKind, str]] = ..., state: _Optional[_Union[ContainerState, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., stopped: _Optional[bool] = ..., diagnostics: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., node_id: _Optional[str] = ..., infra_failure: _Optional[bool] = ...) -> None: ...
+    user_error: bool
+    def __init__(self, container_id: _Optional[str] = ..., job_id: _Optional[str] = ..., kind: _Optional[_Union[ContainerKind, str]] = ..., state: _Optional[_Union[ContainerState, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., stopped: _Optional[bool] = ..., diagnostics: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., node_id: _Optional[str] = ..., infra_failure: _Optional[bool] = ..., user_error: _Optional[bool] = ...) -> None: ...
 
 class ContainerTokenPayload(_message.Message):
     __slots__ = ("container_id", "job_id", "node_id", "gpu_indices", "kind", "user", "expiry_ms", "attempt", "cpus", "memory_mib", "purpose")
@@ -325,16 +327,18 @@ class LaunchContext(_message.Message):
     def __init__(self, argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ...) -> None: ...
 
 class LocalitySpec(_message.Message):
-    __slots__ = ("timeout_ms", "backoff_base_ms", "backoff_max_ms", "start_level")
+    __slots__ = ("timeout_ms", "backoff_base_ms", "backoff_max_ms", "start_level", "mode")
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     BACKOFF_BASE_MS_FIELD_NUMBER: _ClassVar[int]
     BACKOFF_MAX_MS_FIELD_NUMBER: _ClassVar[int]
     START_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
     timeout_ms: int
     backoff_base_ms: int
     backoff_max_ms: int
     start_level: str
-    def __init__(self, timeout_ms: _Optional[int] = ..., backoff_base_ms: _Optional[int] = ..., backoff_max_ms: _Optional[int] = ..., start_level: _Optional[str] = ...) -> None: ...
+    mode: str
+    def __init__(self, timeout_ms: _Optional[int] = ..., backoff_base_ms: _Optional[int] = ..., backoff_max_ms: _Optional[int] = ..., start_level: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
 
 class JobSpec(_message.Message):
     __slots__ = ("name", "queue", "gpus", "command", "workdir", "env", "max_retries", "locality")

@@ -100,7 +100,8 @@ def ask_from_pb(msg: pb.ResourceAsk) -> Ask:
 def report_from_pb(msg: pb.ContainerStatus) -> ContainerReport:
     return ContainerReport(container_id=msg.container_id, state=CONTAINER_STATE_NAMES.get(msg.state, "STARTING"),
                            pid=msg.pid, exit_code=msg.exit_code, signal=msg.signal, stopped=msg.stopped,
-                           diagnostics=msg.diagnostics[:2000], infra_failure=msg.infra_failure, job_id=msg.job_id)
+                           diagnostics=msg.diagnostics[:2000], infra_failure=msg.infra_failure, job_id=msg.job_id,
+                           user_error=msg.user_error)
 
 
 def container_status_to_pb(c: Container) -> pb.ContainerStatus:
@@ -119,7 +120,7 @@ def container_status_to_pb(c: Container) -> pb.ContainerStatus:
         signal=c.exit.signal, stopped=c.exit.kind in (ExitKind.STOPPED, ExitKind.RELEASED),
         diagnostics=c.exit.describe() if c.exit.kind is not ExitKind.NONE else "",
         start_ms=ms(c.started), end_ms=ms(c.finished), gpu_indices=c.gpu_indices, node_id=c.node_id,
-        infra_failure=c.exit.infra,
+        infra_failure=c.exit.infra, user_error=c.exit.user_error,
         kind=pb.CONTAINER_AM if c.kind.name == "AM" else pb.CONTAINER_LEARNER,
     )
 

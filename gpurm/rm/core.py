@@ -426,13 +426,17 @@ class RMCore:
             return None
         if r.state == "FAILED_TO_START":
             # An AM the agent refused for the job's own sake (its user may not run there) is the job's fault.
-            infra = r.infra_failure or c.kind is not ContainerKind.AM
-            exit_status = ExitStatus(ExitKind.FAILED_TO_START, diagnostics=r.diagnostics, infra=infra)
+            # A learner the agent could not start is the node's fault unless the agent saw the job's own
+            # (command not found, workdir missing): that one fails the job instead of moving it elsewhere.
+            infra = (r.infra_failure or c.kind is not ContainerKind.AM) and not r.user_error
+            exit_status = ExitStatus(ExitKind.FAILED_TO_START, diagnostics=r.diagnostics, infra=infra,
+                                     user_error=r.user_error)
         elif r.state == "LOST":
             exit_status = ExitStatus(ExitKind.LOST, diagnostics=r.diagnostics, infra=True)
         else:
             kind = ExitKind.STOPPED if (r.stopped or c.stop_requested) else ExitKind.EXITED
-            exit_status = ExitStatus(kind, r.exit_code, r.signal, r.diagnostics, r.infra_failure)
+            exit_status = ExitStatus(kind, r.exit_code, r.signal, r.diagnostics, r.infra_failure,
+                                     user_error=r.user_error and kind is ExitKind.EXITED)
         if not c.started:
             c.started = now
         self._complete(c, exit_status, now)

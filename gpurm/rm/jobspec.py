@@ -49,12 +49,28 @@ class LocalityLevel(enum.IntEnum):
             raise ValueError(f"must be one of node, packed, rack, any; got {text!r}") from None
 
 
+class LocalityMode(enum.Enum):
+    """How much a job cares about locality (its sensitivity): how far its AM may relax."""
+
+    STRICT = "strict"   # waits (with back-off) at the best level the cluster's shape allows; never relaxes past it
+    PREFER = "prefer"   # waits a while at each level, then relaxes (Philly's policy; the default)
+    ANY = "any"         # does not wait for locality: starts at `any`
+
+    @classmethod
+    def parse(cls, text: str) -> LocalityMode:
+        try:
+            return cls(text.lower())
+        except ValueError:
+            raise ValueError(f"must be one of strict, prefer, any; got {text!r}") from None
+
+
 @dataclass
 class Locality:
     timeout_s: float = 60.0
     backoff_base_s: float = 10.0
     backoff_max_s: float = 600.0
     start_level: LocalityLevel = LocalityLevel.PACKED
+    mode: LocalityMode = LocalityMode.PREFER
 
 
 @dataclass
@@ -122,14 +138,19 @@ def spec_from_mapping(data: Any, source: str = "job", base_dir: str | None = Non
         spec.workdir = os.path.normpath(os.path.join(base_dir, spec.workdir))
     spec.env = r.mapping("env")
     spec.max_retries = r.integer("max_retries", DEFAULT_MAX_RETRIES, minimum=0)
-    loc = r.section("locality")
-    spec.locality = Locality(
-        timeout_s=loc.duration("timeout", 60.0),
-        backoff_base_s=loc.duration("backoff_base", 10.0),
-        backoff_max_s=loc.duration("backoff_max", 600.0),
-        start_level=_level(loc, "start_level"),
-    )
-    loc.reject_unknown()
+    if isinstance(r.raw("locality"), str):
+        # The shorthand `locality: strict` sets the mode alone.
+        spec.locality = Locality(mode=_mode_text(r, "locality", str(r.raw("locality"))))
+    else:
+        loc = r.section("locality")
+        spec.locality = Locality(
+            timeout_s=loc.duration("timeout", 60.0),
+            backoff_base_s=loc.duration("backoff_base", 10.0),
+            backoff_max_s=loc.duration("backoff_max", 600.0),
+            start_level=_level(loc, "start_level"),
+            mode=_mode_text(loc, "mode", loc.text("mode", "prefer")),
+        )
+        loc.reject_unknown()
     r.reject_unknown()
     for p in validate_spec(spec):
         if p not in problems.items:
@@ -146,6 +167,14 @@ def _level(r: Reader, key: str) -> LocalityLevel:
     except ValueError as exc:
         r.error(key, str(exc))
         return LocalityLevel.PACKED
+
+
+def _mode_text(r: Reader, key: str, text: str) -> LocalityMode:
+    try:
+        return LocalityMode.parse(text)
+    except ValueError as exc:
+        r.error(key, str(exc))
+        return LocalityMode.PREFER
 
 
 def _clip(text: str, limit: int = 80) -> str:
@@ -212,6 +241,7 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
             backoff_base_ms=round(spec.locality.backoff_base_s * 1000),
             backoff_max_ms=round(spec.locality.backoff_max_s * 1000),
             start_level=spec.locality.start_level.label,
+            mode=spec.locality.mode.value,
         ),
     )
     return msg
@@ -234,6 +264,11 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
                 loc.start_level = LocalityLevel.parse(lm.start_level)
             except ValueError as exc:
                 problems.append(f"locality.start_level: {exc}")
+        if lm.mode:
+            try:
+                loc.mode = LocalityMode.parse(lm.mode)
+            except ValueError as exc:
+                problems.append(f"locality.mode: {exc}")
         if min(lm.timeout_ms, lm.backoff_base_ms, lm.backoff_max_ms) < 0:
             problems.append("locality: durations must not be negative")
     spec = JobSpec(

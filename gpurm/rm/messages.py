@@ -82,6 +82,7 @@ class ContainerReport:
     diagnostics: str = ""
     infra_failure: bool = False
     job_id: str = ""
+    user_error: bool = False
 
     @property
     def live(self) -> bool:

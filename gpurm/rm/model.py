@@ -131,9 +131,12 @@ class ExitStatus:
     signal: int = 0
     diagnostics: str = ""
     infra: bool = False
+    user_error: bool = False    # the agent judged it the job's own fault (command not found, no workdir)
 
     def describe(self) -> str:
         if self.kind is ExitKind.EXITED:
+            if self.user_error and self.diagnostics:   # the agent's reading of it, e.g. a shell's 127
+                return self.diagnostics
             return f"killed by signal {self.signal}" if self.signal else f"exited with code {self.exit_code}"
         text = self.kind.name.lower().replace("_", " ")
         return f"{text}: {self.diagnostics}" if self.diagnostics else text

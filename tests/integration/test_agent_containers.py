@@ -112,6 +112,7 @@ async def test_missing_workdir_fails_to_start(sup: ContainerSupervisor, tmp_path
     rec = await sup.start("c-wd", "job-1", LEARNER, ["/bin/true"], {}, str(missing), [0], 1, "alice")
     assert rec.state == pb.CONTAINER_FAILED_TO_START
     assert str(missing) in rec.diagnostics and "does not exist" in rec.diagnostics
+    assert rec.user_error and not rec.infra_failure and rec.to_proto().user_error   # the job's fault: no retry
     assert "\n" not in rec.diagnostics
     assert sup.gpus_in_use() == {}  # a container that never ran holds no GPU
     assert str(missing) in log_text(sup, "c-wd")
@@ -121,11 +122,23 @@ async def test_command_not_found_and_not_executable(sup: ContainerSupervisor, tm
     rec = await sup.start("c-nf", "job-1", LEARNER, ["no-such-command-xyz"], {}, "", [], 1, "alice")
     assert rec.state == pb.CONTAINER_FAILED_TO_START
     assert rec.diagnostics == "cannot start 'no-such-command-xyz': command not found"
+    assert rec.user_error and not rec.infra_failure
     script = tmp_path / "plain.txt"
     script.write_text("not executable\n")
     rec = await sup.start("c-perm", "job-1", LEARNER, [str(script)], {}, "", [], 1, "alice")
     assert rec.state == pb.CONTAINER_FAILED_TO_START
-    assert "permission denied" in rec.diagnostics
+    assert "permission denied" in rec.diagnostics and rec.user_error
+
+
+async def test_a_shell_that_cannot_find_its_command_is_a_user_error_and_other_exits_are_not(
+        sup: ContainerSupervisor) -> None:
+    rec = await run_to_end(sup, "c-sh127", ["/bin/sh", "-c", "no-such-command-xyz"])
+    assert (rec.state, rec.exit_code) == (pb.CONTAINER_EXITED, 127)
+    assert rec.user_error and rec.diagnostics.startswith("exited with code 127: the shell could not find")
+    rec = await run_to_end(sup, "c-sh3", ["/bin/sh", "-c", "exit 3"])
+    assert (rec.exit_code, rec.user_error) == (3, False)
+    rec = await run_to_end(sup, "c-py127", ["/usr/bin/python3", "-c", "raise SystemExit(127)"])
+    assert (rec.exit_code, rec.user_error) == (127, False)      # only a shell's 127 means "not found"
 
 
 async def test_stop_kills_a_group_that_ignores_sigterm(sup: ContainerSupervisor, tmp_path: Path) -> None:

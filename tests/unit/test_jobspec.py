@@ -7,6 +7,7 @@ import pytest
 from gpurm.queues.fields import ConfigError
 from gpurm.rm.jobspec import (
     LocalityLevel,
+    LocalityMode,
     parse_job_yaml,
     spec_from_proto,
     spec_to_proto,
@@ -84,3 +85,36 @@ def test_wire_spec_is_validated_again() -> None:
         spec_from_proto(msg)
     assert any("gpus" in p for p in info.value.problems)
     assert any("GPURM_JOB_ID" in p for p in info.value.problems)
+
+
+def test_locality_shorthand_sets_the_mode_and_keeps_the_defaults() -> None:
+    spec = parse_job_yaml("gpus: 16\ncommand: x\nlocality: strict\n")
+    assert spec.locality.mode is LocalityMode.STRICT
+    assert spec.locality.start_level is LocalityLevel.PACKED and spec.locality.timeout_s == 60
+    assert parse_job_yaml("gpus: 1\ncommand: x\nlocality: any\n").locality.mode is LocalityMode.ANY
+    assert parse_job_yaml("gpus: 1\ncommand: x\n").locality.mode is LocalityMode.PREFER
+
+
+def test_locality_mode_inside_the_mapping() -> None:
+    spec = parse_job_yaml("gpus: 16\ncommand: x\nlocality: {mode: strict, timeout: 2m, start_level: node}\n")
+    assert spec.locality.mode is LocalityMode.STRICT and spec.locality.timeout_s == 120
+    assert spec.locality.start_level is LocalityLevel.NODE
+
+
+def test_bad_locality_modes_name_the_field() -> None:
+    ps = problems("gpus: 1\ncommand: x\nlocality: sometimes\n")
+    assert len(ps) == 1 and ps[0].startswith("job.yaml: locality:") and "strict, prefer, any" in ps[0]
+    ps = problems("gpus: 1\ncommand: x\nlocality: {mode: loose}\n")
+    assert len(ps) == 1 and "locality.mode:" in ps[0] and "'loose'" in ps[0]
+    ps = problems("gpus: 1\ncommand: x\nlocality: {mod: strict}\n")
+    assert any("locality.mod" in p and "mode" in p for p in ps)
+
+
+def test_the_mode_travels_on_the_wire_and_a_bad_one_is_refused() -> None:
+    spec = parse_job_yaml("gpus: 2\ncommand: x\nlocality: {mode: any, start_level: rack}\n")
+    assert spec_from_proto(spec_to_proto(spec)) == spec
+    msg = spec_to_proto(spec)
+    msg.locality.mode = "never"
+    with pytest.raises(ConfigError) as info:
+        spec_from_proto(msg)
+    assert any(p.startswith("locality.mode:") for p in info.value.problems)
