@@ -73,7 +73,7 @@ class RMCore:
         self.settings = settings or RMSettings()
         self.cluster = Cluster()
         self.queues = QueueBook(tree or default_tree())
-        self.scheduler = Scheduler(self.cluster, self.queues)
+        self.scheduler = Scheduler(self.cluster, self.queues, self.settings.las_thresholds_gpu_s)
         self.jobs: dict[str, Job] = {}
         # The container records and their indexes (rm/containers.py); the names below are that object's dicts.
         self.index = ContainerIndex(self._runs_changed)
@@ -109,7 +109,7 @@ class RMCore:
         self.ams = AMLauncher(self.cluster, self.queues, self.jobs, self.live_ams, self.settings.max_active_ams,
                               self.settings.max_acquiring_per_queue, self._start_am)
         # Where jobs stand for las / srtf (cached), and in-queue preemption (each queue's last look).
-        self.standings = Standings(self.live_by_job)
+        self.standings = Standings(self.live_by_job, self.settings.las_thresholds_gpu_s)
         self.inqueue = InQueuePreemption(self.cluster, self.queues, self.scheduler, self.standings, self.jobs,
                                          self.live_by_job, self.learners_live, self.ams.with_am_by_queue, self.nudged,
                                          self.settings.inqueue_min_run_s, self._preempt_job)
@@ -447,7 +447,7 @@ class RMCore:
                 if x.kind is ContainerKind.LEARNER and x is not c):
             return
         served = job.attained_gpu_s - job.las_base_gpu_s
-        if priority.las_promoted(now, job.idle_since, served, job.spec.gpus):
+        if priority.las_promoted(now, job.idle_since, served, job.spec.gpus, self.settings.las_thresholds_gpu_s):
             job.las_base_gpu_s = job.attained_gpu_s          # (the standing caches key on it)
             self.dirty.jobs.add(job.job_id)
 

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 from gpurm.queues.tree import Policy
 
-LAS_THRESHOLDS_GPU_S = (3600.0, 36000.0, 360000.0)   # 1, 10 and 100 GPU-hours: levels 0..3
+# 1, 10 and 100 GPU-hours: levels 0..3 (the default of rm.yaml `preemption.las_thresholds`)
+LAS_THRESHOLDS_GPU_S: tuple[float, ...] = (3600.0, 36000.0, 360000.0)
 LAS_STARVE_FACTOR = 8.0
 
 
@@ -48,8 +49,8 @@ class Standing:
     running_since: float = -1.0   # when its current run started, -1 if it holds no GPUs
 
 
-def las_level(attained_gpu_s: float) -> int:
-    return bisect.bisect_right(LAS_THRESHOLDS_GPU_S, attained_gpu_s)
+def las_level(attained_gpu_s: float, thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S) -> int:
+    return bisect.bisect_right(thresholds, attained_gpu_s)
 
 
 STARVED = (0.0, 0.0)       # how a starved job ranks (before its submit order)
@@ -65,42 +66,46 @@ def las_starved(now: float, waiting_since: float, executed_s: float) -> bool:
     return now > las_starve_at(waiting_since, executed_s)
 
 
-def las_promoted(now: float, waiting_since: float, served_gpu_s: float, gpus: int) -> bool:
+def las_promoted(now: float, waiting_since: float, served_gpu_s: float, gpus: int,
+                 thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S) -> bool:
     """Whether a job starting now starts by the starvation guard (rather than on its level), so that its service
     should count afresh from here. A job still at level 0 has nothing to be promoted from."""
-    return las_level(served_gpu_s) > 0 and las_starved(now, waiting_since, served_gpu_s / max(gpus, 1))
+    return las_level(served_gpu_s, thresholds) > 0 and las_starved(now, waiting_since, served_gpu_s / max(gpus, 1))
 
 
-def rank(policy: Policy, now: float) -> Callable[[Standing], tuple[float, float, int]]:
+def rank(policy: Policy, now: float,
+         thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S) -> Callable[[Standing], tuple[float, float, int]]:
     """Sort key: lower ranks first. The last item (submit order) only breaks ties: it orders, never preempts."""
     if policy is Policy.LAS:
         def las(s: Standing) -> tuple[float, float, int]:
             if s.running_since < 0 and las_starved(now, s.waiting_since, s.executed_s):
                 return (*STARVED, s.seq)
-            return (float(las_level(s.attained_gpu_s)), 0.0, s.seq)
+            return (float(las_level(s.attained_gpu_s, thresholds)), 0.0, s.seq)
         return las
     if policy is Policy.SRTF:
         return lambda s: (0.0, s.remaining_gpu_s, s.seq)
     return lambda s: (0.0, 0.0, s.seq)
 
 
-def waiting_rank(policy: Policy, s: Standing) -> tuple[tuple[float, float, int], float]:
+def waiting_rank(policy: Policy, s: Standing, thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S
+                 ) -> tuple[tuple[float, float, int], float]:
     """A job running nothing keeps one rank until the starvation guard promotes it: (that rank, the time from
     which it ranks as `STARVED` instead; infinity if never). Equal to `rank` at every time."""
     # Ranked the moment it began waiting, it is not starved yet.
-    key = rank(policy, s.waiting_since)(s)
+    key = rank(policy, s.waiting_since, thresholds)(s)
     return key, las_starve_at(s.waiting_since, s.executed_s) if policy is Policy.LAS else float("inf")
 
 
-def rank_changes_at(policy: Policy, s: Standing, now: float) -> float:
+def rank_changes_at(policy: Policy, s: Standing, now: float,
+                    thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S) -> float:
     """For a running job: the earliest time its rank may worsen (las: its service crossing the next threshold,
     were all its GPUs running); infinity where it never does (srtf ranks only improve as a job runs)."""
     if policy is not Policy.LAS:
         return float("inf")
-    level = las_level(s.attained_gpu_s)
-    if level >= len(LAS_THRESHOLDS_GPU_S):
+    level = las_level(s.attained_gpu_s, thresholds)
+    if level >= len(thresholds):
         return float("inf")
-    return now + (LAS_THRESHOLDS_GPU_S[level] - s.attained_gpu_s) / max(s.gpus, 1)
+    return now + (thresholds[level] - s.attained_gpu_s) / max(s.gpus, 1)
 
 
 def preemptive(policy: Policy) -> bool:
@@ -120,7 +125,8 @@ class Room:
 def in_queue_victims(policy: Policy, now: float, waiting: Sequence[Standing], running: Sequence[Standing],
                      servers: Sequence[Room], held: Mapping[str, Mapping[str, int]],
                      min_run_s: float, levels: Mapping[str, str] | None = None,
-                     fits_idle: list[str] | None = None) -> list[tuple[str, str]]:
+                     fits_idle: list[str] | None = None,
+                     thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S) -> list[tuple[str, str]]:
     """(victim, beneficiary) pairs: running jobs of one queue that waiting jobs of the same queue outrank.
 
     `held` says where each running job's GPUs are (job -> server -> GPUs). Victims are chosen so that the
@@ -131,7 +137,7 @@ def in_queue_victims(policy: Policy, now: float, waiting: Sequence[Standing], ru
     nothing; waiting jobs that fit in the idle GPUs take nothing either: they are appended to `fits_idle`, if
     given (the RM tells their AMs to plan now).
     """
-    key = rank(policy, now)
+    key = rank(policy, now, thresholds)
     rk = {s.job_id: key(s) for s in running}
     free = {r.node_id: r.free for r in servers}
     idle = sum(free.values())

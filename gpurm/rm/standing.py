@@ -19,8 +19,10 @@ from gpurm.rm.model import Container, ContainerKind, Job
 
 
 class Standings:
-    def __init__(self, live_by_job: dict[str, dict[str, Container]]) -> None:
+    def __init__(self, live_by_job: dict[str, dict[str, Container]],
+                 las_thresholds: tuple[float, ...] = priority.LAS_THRESHOLDS_GPU_S) -> None:
         self.live_by_job = live_by_job     # the core's index: job id -> its live containers
+        self.las_thresholds = las_thresholds   # GPU-seconds where a las job drops a level (RMSettings)
         self._runs: dict[str, tuple[tuple[int, float], ...]] = {}
         self._idle_standing: dict[str, tuple[tuple[float, float, float, float], priority.Standing]] = {}
         self._idle_rank: dict[str, tuple[Policy, priority.Standing, tuple[float, float, int], float]] = {}
@@ -71,7 +73,7 @@ class Standings:
         if cached is not None and cached[0] is policy:
             return cached[1:]
         s = self.standing(job, 0.0)
-        key, starve_at = priority.waiting_rank(policy, s)
+        key, starve_at = priority.waiting_rank(policy, s, self.las_thresholds)
         self._idle_rank[job.job_id] = (policy, s, key, starve_at)
         return s, key, starve_at
 
@@ -87,7 +89,7 @@ class Standings:
         s = self.standing(job, now)
         if s.running_since < 0:
             return (0.0, 0.0), float("inf"), -1.0
-        k = priority.rank(policy, now)(s)
-        out = ((k[0], k[1]), priority.rank_changes_at(policy, s, now), s.running_since)
+        k = priority.rank(policy, now, self.las_thresholds)(s)
+        out = ((k[0], k[1]), priority.rank_changes_at(policy, s, now, self.las_thresholds), s.running_since)
         self._run_rank[job.job_id] = (self._runs[job.job_id], policy, *out)
         return out

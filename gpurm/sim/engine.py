@@ -383,7 +383,8 @@ class Engine:
         if idle:
             job = self.core.jobs[am.job_id]
             leaf = self.core.queues.tree.by_path[job.queue]
-            rank = priority.rank(self.core.scheduler.policy_of(leaf), now)(self.core.standing(job, now))
+            rank = priority.rank(self.core.scheduler.policy_of(leaf), now,
+                                 self.core.settings.las_thresholds_gpu_s)(self.core.standing(job, now))
             key = (rank, am.trace.gpus, am.job_id)
             self.idle.setdefault(job.queue, SortedKeys()).add(key)
             self.idle_active.setdefault(job.queue, SortedKeys()).add(key)
