@@ -239,19 +239,26 @@ class _Spread:
 
 
 def _compact_room(gpus: int, level: str, servers: Sequence[Room], free: Mapping[str, int], on: _Spread, n: int,
-                  biggest: int) -> tuple[list[str], set[str]] | None:
+                  biggest: int, ties_by_order: bool = False) -> tuple[list[str], set[str]] | None:
     """The cheapest victims among the first `n` of the pool (fewest GPUs preempted, then lowest-ranked) whose
     GPUs, with the idle ones, give `gpus` GPUs where an AM at locality `level` can take them (see
-    in_queue_victims); with the servers used. None if none do."""
+    in_queue_victims); with the servers used. None if none do. `ties_by_order`: between rooms of equal cost, the
+    one whose victims come first in the pool (else the first room found)."""
     fewest = -(-gpus // biggest)
     by_domain: dict[str, list[tuple[int, str]]] = {}        # domain -> (-room, server)
     for s in servers:
         room = free.get(s.node_id, 0) + on.gpus_of_first(s.node_id, n)
         if room > 0:
             by_domain.setdefault("" if level == "any" else s.domain, []).append((-room, s.node_id))
-    best: tuple[tuple[int, int], list[str], set[str]] | None = None
+    best: tuple[tuple[int, int, tuple[int, ...]], list[str], set[str]] | None = None
     for domain in sorted(by_domain):
         group = sorted(by_domain[domain])
+        if ties_by_order:
+            # Between servers of equal room, the one whose would-be victims come first in the pool.
+            def first_order(node: str) -> int:
+                entries = on.first(node, n)
+                return entries[0][0] if entries else n
+            group = [(r, node) for r, _, node in sorted((r, first_order(node), node) for r, node in group)]
         if level in ("rack", "any"):
             # As few servers as will do: the roomiest first.
             total = 0
@@ -279,16 +286,18 @@ def _compact_room(gpus: int, level: str, servers: Sequence[Room], free: Mapping[
                     o = here.get(r.job_id)
                     here[r.job_id] = (order, r, g + (o[2] if o else 0))
             picked: list[str] = []
+            orders: list[int] = []
             preempted = 0
-            for _, r, g in sorted(here.values(), key=lambda x: x[0]):
+            for order, r, g in sorted(here.values(), key=lambda x: x[0]):
                 if have >= gpus:
                     break
                 picked.append(r.job_id)
+                orders.append(order)
                 have += g
                 preempted += r.gpus
             if have < gpus:
                 continue
-            cost = (preempted, len(picked))
+            cost = (preempted, len(picked), tuple(orders) if ties_by_order else ())
             if best is None or cost < best[0]:
                 best = (cost, picked, set(chosen))
     return None if best is None else (best[1], best[2])
@@ -310,3 +319,20 @@ def _occupy(free: dict[str, int], servers: Sequence[Room], gpus: int) -> int:
         free[s.node_id] -= take
         left -= take
     return gpus - left
+
+
+def room_victims(gpus: int, level: str, servers: Sequence[Room], free: Mapping[str, int], pool: Sequence[Standing],
+                 held: Mapping[str, Mapping[str, int]]) -> tuple[list[str], set[str]] | None:
+    """Victims among `pool` (preferred first) whose GPUs, with the idle ones (`free`), give `gpus` GPUs where an
+    AM at locality `level` can take them (as in in_queue_victims: the fewest GPUs preempted, then the fewest jobs,
+    the first in `pool` first); with the servers used. None if no such room can be made. Fair-share preemption
+    (rm/preemption.py) asks this for the starving queue's waiting jobs."""
+    biggest = max((r.size for r in servers), default=0)
+    if gpus <= 0 or biggest <= 0:
+        return None
+    return _compact_room(gpus, level or "packed", servers, free, _Spread(pool, held), len(pool), biggest, True)
+
+
+def occupy(free: dict[str, int], servers: Sequence[Room], gpus: int) -> int:
+    """Mark `gpus` free GPUs on `servers` as spoken for, as a compact plan would take them; how many it marked."""
+    return _occupy(free, servers, gpus)
