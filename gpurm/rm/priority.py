@@ -10,10 +10,13 @@
   job starts, its service counts afresh from there (`las_promoted`), so it keeps level 0 until it has attained
   the first threshold again. (Were it to fall back to its old level as soon as it ran, the jobs it displaced would take
   their GPUs back after `min_run_s`, and so on: a carousel of preemptions that serves nobody.)
+- `gittins`: Tiresias' 2D-Gittins index (rm/gittins.py): attained GPU-seconds, bucketed, weighed against the sizes
+  of the jobs this RM saw finish; the higher index first, the same starvation guard as `las`, and `las` itself until
+  enough jobs finished.
 - `srtf`: shortest remaining GPU-time first, from the trace's durations (the simulator's oracle baseline; an RM
   has no durations and treats every job alike, i.e. fifo).
 
-In-queue preemption (the simulator's `las` and `srtf`, Tiresias-style): a waiting job that outranks running jobs
+In-queue preemption (`las`, `gittins` and `srtf`, Tiresias-style): a waiting job that outranks running jobs
 of its own queue takes their GPUs when the idle ones do not suffice: only jobs at a worse level (las) or with
 more left (srtf), only jobs that ran at least `min_run_s` (no flapping), and only where that makes room for it
 on the fewest servers it could fit on, in one domain (GPUs freed here and there would go back to the jobs that
@@ -29,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpurm.queues.tree import Policy
+from gpurm.rm.gittins import GittinsIndex, next_edge
 
 # 1, 10 and 100 GPU-hours: levels 0..3 (the default of rm.yaml `preemption.las_thresholds`)
 LAS_THRESHOLDS_GPU_S: tuple[float, ...] = (3600.0, 36000.0, 360000.0)
@@ -73,9 +77,19 @@ def las_promoted(now: float, waiting_since: float, served_gpu_s: float, gpus: in
     return las_level(served_gpu_s, thresholds) > 0 and las_starved(now, waiting_since, served_gpu_s / max(gpus, 1))
 
 
-def rank(policy: Policy, now: float,
-         thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S) -> Callable[[Standing], tuple[float, float, int]]:
+def rank(policy: Policy, now: float, thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S,
+         gittins: GittinsIndex | None = None) -> Callable[[Standing], tuple[float, float, int]]:
     """Sort key: lower ranks first. The last item (submit order) only breaks ties: it orders, never preempts."""
+    if policy is Policy.GITTINS and gittins is not None and gittins.ready:
+        table = gittins
+
+        def git(s: Standing) -> tuple[float, float, int]:
+            if s.running_since < 0 and las_starved(now, s.waiting_since, s.executed_s):
+                return (*STARVED, s.seq)
+            return (1.0, -table.index(s.attained_gpu_s), s.seq)     # the higher index first
+        return git
+    if policy is Policy.GITTINS:
+        policy = Policy.LAS                 # too few jobs finished to learn from: las
     if policy is Policy.LAS:
         def las(s: Standing) -> tuple[float, float, int]:
             if s.running_since < 0 and las_starved(now, s.waiting_since, s.executed_s):
@@ -87,20 +101,25 @@ def rank(policy: Policy, now: float,
     return lambda s: (0.0, 0.0, s.seq)
 
 
-def waiting_rank(policy: Policy, s: Standing, thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S
-                 ) -> tuple[tuple[float, float, int], float]:
+def waiting_rank(policy: Policy, s: Standing, thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S,
+                 gittins: GittinsIndex | None = None) -> tuple[tuple[float, float, int], float]:
     """A job running nothing keeps one rank until the starvation guard promotes it: (that rank, the time from
     which it ranks as `STARVED` instead; infinity if never). Equal to `rank` at every time."""
     # Ranked the moment it began waiting, it is not starved yet.
-    key = rank(policy, s.waiting_since, thresholds)(s)
-    return key, las_starve_at(s.waiting_since, s.executed_s) if policy is Policy.LAS else float("inf")
+    key = rank(policy, s.waiting_since, thresholds, gittins)(s)
+    starves = policy in (Policy.LAS, Policy.GITTINS)
+    return key, las_starve_at(s.waiting_since, s.executed_s) if starves else float("inf")
 
 
 def rank_changes_at(policy: Policy, s: Standing, now: float,
-                    thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S) -> float:
+                    thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S,
+                    gittins: GittinsIndex | None = None) -> float:
     """For a running job: the earliest time its rank may worsen (las: its service crossing the next threshold,
     were all its GPUs running); infinity where it never does (srtf ranks only improve as a job runs)."""
-    if policy is not Policy.LAS:
+    if policy is Policy.GITTINS and gittins is not None and gittins.ready:
+        edge = next_edge(s.attained_gpu_s)     # its index moves only at its bucket's edge
+        return edge if edge == float("inf") else now + (edge - s.attained_gpu_s) / max(s.gpus, 1)
+    if policy not in (Policy.LAS, Policy.GITTINS):
         return float("inf")
     level = las_level(s.attained_gpu_s, thresholds)
     if level >= len(thresholds):
@@ -109,7 +128,7 @@ def rank_changes_at(policy: Policy, s: Standing, now: float,
 
 
 def preemptive(policy: Policy) -> bool:
-    return policy in (Policy.LAS, Policy.SRTF)
+    return policy in (Policy.LAS, Policy.SRTF, Policy.GITTINS)
 
 
 @dataclass(frozen=True)
@@ -126,7 +145,8 @@ def in_queue_victims(policy: Policy, now: float, waiting: Sequence[Standing], ru
                      servers: Sequence[Room], held: Mapping[str, Mapping[str, int]],
                      min_run_s: float, levels: Mapping[str, str] | None = None,
                      fits_idle: list[str] | None = None,
-                     thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S) -> list[tuple[str, str]]:
+                     thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S,
+                     gittins: GittinsIndex | None = None) -> list[tuple[str, str]]:
     """(victim, beneficiary) pairs: running jobs of one queue that waiting jobs of the same queue outrank.
 
     `held` says where each running job's GPUs are (job -> server -> GPUs). Victims are chosen so that the
@@ -137,7 +157,7 @@ def in_queue_victims(policy: Policy, now: float, waiting: Sequence[Standing], ru
     nothing; waiting jobs that fit in the idle GPUs take nothing either: they are appended to `fits_idle`, if
     given (the RM tells their AMs to plan now).
     """
-    key = rank(policy, now, thresholds)
+    key = rank(policy, now, thresholds, gittins)
     rk = {s.job_id: key(s) for s in running}
     free = {r.node_id: r.free for r in servers}
     idle = sum(free.values())
