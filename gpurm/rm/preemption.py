@@ -203,9 +203,10 @@ def _placed_victims(book: QueueBook, inst: Mapping[str, int], path: str, want: i
             if over:
                 usable = [c for c in usable if c.job_id != over]
                 continue
+            # A room may take back more than the queue is owed (a 16-GPU job owed 8): a room for less would be
+            # useless, and the victims' queues stay at or above their shares. (Capping it at what is owed left big
+            # jobs starving: on the Philly window, fifo's average JCT 10% worse.)
             freed = sum(by_id[j].gpus for j in ids)
-            if freed - max(by_id[j].gpus for j in ids) >= want - got:
-                break            # this room takes back more than the queue is owed (beyond one job's rounding)
             for job_id in ids:
                 c = by_id[job_id]
                 left_over[c.queue] = left_over.get(c.queue, book.used.get(c.queue, 0) - inst.get(c.queue, 0)) - c.gpus
