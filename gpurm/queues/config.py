@@ -182,7 +182,7 @@ def _queue(name: str, path: str, data: Any, p: Problems, inherited: PreemptionSe
             q.policy = None
         if q.policy in (None, Policy.SRTF):
             q.policy = None
-            r.error("policy", f"must be one of fifo, las; got {text!r}"
+            r.error("policy", f"must be one of fifo, las, gittins; got {text!r}"
                     + (" (srtf needs job durations: `gpurm sim --policy srtf` only)" if text == "srtf" else ""))
     q.preemption = _preemption(r, inherited)
     if q.max_gpus is not None and q.min_gpus > q.max_gpus:
@@ -249,10 +249,10 @@ def parse_queues(text: str, source: str = "queues.yaml") -> QueueTree:
     root.submit_acl, root.admin_acl = _acl(r)
     if r.has("policy"):
         text_policy = r.text("policy", "fifo")
-        if text_policy in ("fifo", "las"):
+        if text_policy in ("fifo", "las", "gittins"):
             root.policy = Policy(text_policy)
         else:
-            r.error("policy", f"must be one of fifo, las; got {text_policy!r}")
+            r.error("policy", f"must be one of fifo, las, gittins; got {text_policy!r}")
     children = r.raw("queues")
     r.reject_unknown()
     if not children:

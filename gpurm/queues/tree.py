@@ -15,6 +15,7 @@ class Policy(enum.Enum):
     FIFO = "fifo"   # submit order
     LAS = "las"     # least attained GPU-service first (Tiresias 2D-LAS levels), ties by submit order
     SRTF = "srtf"   # shortest remaining GPU-time first: needs job durations, so the simulator's oracle only
+    GITTINS = "gittins"   # Tiresias' 2D-Gittins index from the sizes of finished jobs (las until enough finished)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from gpurm.queues.fields import ConfigError, Problems, Reader, parse_address
+from gpurm.queues.fields import ConfigError, Problems, Reader, parse_address, parse_duration
 from gpurm.rm.limits import ServerLimits, read_limits
 from gpurm.rm.messages import RMSettings
 from gpurm.rm.tls import TLSConfig, read_tls_section
@@ -131,6 +132,11 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     if s.token_ttl_s < 30:
         tok.error("ttl", f"at least 30s (holders renew at a third of it), got {s.token_ttl_s:g}s")
     tok.reject_unknown()
+    pre = r.section("preemption")
+    s.inqueue_preemption = pre.flag("in_queue", s.inqueue_preemption)
+    s.inqueue_min_run_s = pre.duration("in_queue_min_run", s.inqueue_min_run_s)
+    s.las_thresholds_gpu_s = read_las_thresholds(pre, s.las_thresholds_gpu_s)
+    pre.reject_unknown()
     cfg.limits = read_limits(r)
     sch = r.section("scheduler")
     cfg.scheduler_interval_s = sch.duration("interval", cfg.scheduler_interval_s)
@@ -150,3 +156,24 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     r.reject_unknown()
     p.raise_if_any()
     return cfg
+
+
+def read_las_thresholds(r: Reader, default: tuple[float, ...]) -> tuple[float, ...]:
+    """`las_thresholds`: GPU-time (GPUs x duration: 1h = one GPU-hour) at which a las job drops a level; rising."""
+    raw = r.raw("las_thresholds")
+    if raw is None:
+        return default
+    if not isinstance(raw, list) or not raw:
+        r.error("las_thresholds", f"must be a list of GPU-times such as [1h, 10h, 100h], got {raw!r:.40}")
+        return default
+    out: list[float] = []
+    for item in raw:
+        try:
+            out.append(parse_duration(item))
+        except ValueError as exc:
+            r.error("las_thresholds", str(exc))
+            return default
+    if any(b <= a for a, b in itertools.pairwise(out)) or out[0] <= 0:
+        r.error("las_thresholds", f"must be above 0 and rising, got {raw!r:.60}")
+        return default
+    return tuple(out)

@@ -29,6 +29,7 @@ from gpurm.rm import admission, attempts, preemption, priority, recovery, views
 from gpurm.rm.amlaunch import AMLauncher
 from gpurm.rm.cluster import Cluster, Node
 from gpurm.rm.containers import ContainerIndex
+from gpurm.rm.gittins import GittinsIndex
 from gpurm.rm.inqueue import InQueuePreemption
 from gpurm.rm.jobspec import JobSpec
 from gpurm.rm.messages import (
@@ -73,7 +74,9 @@ class RMCore:
         self.settings = settings or RMSettings()
         self.cluster = Cluster()
         self.queues = QueueBook(tree or default_tree())
-        self.scheduler = Scheduler(self.cluster, self.queues)
+        # gittins: job sizes learned from finished jobs, one table for the scheduler's order and the standings.
+        self.gittins = GittinsIndex()
+        self.scheduler = Scheduler(self.cluster, self.queues, self.settings.las_thresholds_gpu_s, self.gittins)
         self.jobs: dict[str, Job] = {}
         # The container records and their indexes (rm/containers.py); the names below are that object's dicts.
         self.index = ContainerIndex(self._runs_changed)
@@ -109,7 +112,7 @@ class RMCore:
         self.ams = AMLauncher(self.cluster, self.queues, self.jobs, self.live_ams, self.settings.max_active_ams,
                               self.settings.max_acquiring_per_queue, self._start_am)
         # Where jobs stand for las / srtf (cached), and in-queue preemption (each queue's last look).
-        self.standings = Standings(self.live_by_job)
+        self.standings = Standings(self.live_by_job, self.settings.las_thresholds_gpu_s, self.gittins)
         self.inqueue = InQueuePreemption(self.cluster, self.queues, self.scheduler, self.standings, self.jobs,
                                          self.live_by_job, self.learners_live, self.ams.with_am_by_queue, self.nudged,
                                          self.settings.inqueue_min_run_s, self._preempt_job)
@@ -250,6 +253,8 @@ class RMCore:
         job.diagnostics = diagnostics
         job.exit_code = exit_code
         job.waiting_reason = ""
+        if state in (JobState.SUCCEEDED, JobState.FAILED):
+            self._learn_size(job, now)
         self.queues.want(job.queue, -job.spec.gpus)
         self.standings.forget(job.job_id)
         if job.admitted:
@@ -268,6 +273,14 @@ class RMCore:
             # so): its GPUs stay held until the agent reports it, or the start timeout takes it back.
             self._order_stop(c, self.settings.kill_grace_s, diagnostics or state.name.lower())
         self._job_changed(job)
+
+    def _learn_size(self, job: Job, now: float) -> None:
+        """gittins learns job sizes from jobs that ended on their own: the GPU-seconds it attained, its learners
+        still running counted to now. A rebuilt table moves ranks: every queue's in-queue look is weighed afresh."""
+        live = sum(c.gpus * (now - c.started) for c in self.live_by_job.get(job.job_id, {}).values()
+                   if c.kind is ContainerKind.LEARNER and c.started)
+        if self.gittins.finished(job.attained_gpu_s + live):
+            self.inqueue.clear()
 
     @staticmethod
     def _never_started(c: Container) -> bool:
@@ -451,7 +464,7 @@ class RMCore:
                 if x.kind is ContainerKind.LEARNER and x is not c):
             return
         served = job.attained_gpu_s - job.las_base_gpu_s
-        if priority.las_promoted(now, job.idle_since, served, job.spec.gpus):
+        if priority.las_promoted(now, job.idle_since, served, job.spec.gpus, self.settings.las_thresholds_gpu_s):
             job.las_base_gpu_s = job.attained_gpu_s          # (the standing caches key on it)
             self.dirty.jobs.add(job.job_id)
 
@@ -868,6 +881,10 @@ class RMCore:
         recovery.readmit(self.jobs, self.live, self.ams, self._am_up)
         self.next_job_seq, self.next_container_seq = recovery.counters(meta)
         self._rebuild_queue_book()
+        # gittins relearns its job sizes from the finished jobs in the store (finish order: the same table).
+        for job in sorted(self.jobs.values(), key=lambda j: (j.finish_time, j.seq)):
+            if job.state in (JobState.SUCCEEDED, JobState.FAILED):
+                self.gittins.finished(job.attained_gpu_s)
 
     # ------------------------------------------------------------ views for the shell
 

@@ -141,7 +141,8 @@ class InQueuePreemption:
                 levels[w.job_id] = attempt.level if attempt is not None else ""
             fits: list[str] = []
             min_run = self.min_run_s
-            pairs = priority.in_queue_victims(policy, now, candidates, running, servers, held, min_run, levels, fits)
+            pairs = priority.in_queue_victims(policy, now, candidates, running, servers, held, min_run, levels, fits,
+                                              self.standings.las_thresholds, self.standings.gittins)
             if not pairs and not fits:
                 # With fewer idle GPUs, and running jobs that rank the same or better, no room appears that was
                 # not there: only its jobs' changes, its timers or GPUs coming idle can change this answer. (This

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from gpurm.rm.cluster import GpuRecord
 from gpurm.rm.model import Container, FailureKind, JobState, Learner
+from gpurm.rm.priority import LAS_THRESHOLDS_GPU_S
 from gpurm.rm.scheduler import App, Grant
 
 
@@ -46,8 +47,10 @@ class RMSettings:
     stop_resend_s: float = 10.0           # re-send a stop order the agent has not acted on
     allocate_interval_s: float = 0.5
     token_ttl_s: float = 600.0            # container and AM tokens; their holders renew them (docs/security.md)
-    inqueue_preemption: bool = False      # las / srtf preempt inside a queue (Tiresias); the simulator turns it on
+    inqueue_preemption: bool = True       # las / srtf leaves preempt inside the queue (Tiresias), daemon and simulator
     inqueue_min_run_s: float = 300.0      # a job runs at least this long before a same-queue job may preempt it
+    # las: GPU-seconds of attained service at which a job drops to the next level (rm.yaml preemption.las_thresholds)
+    las_thresholds_gpu_s: tuple[float, ...] = LAS_THRESHOLDS_GPU_S
 
 
 # ---------------------------------------------------------------- effects for the shell

@@ -10,10 +10,13 @@
   job starts, its service counts afresh from there (`las_promoted`), so it keeps level 0 until it has attained
   the first threshold again. (Were it to fall back to its old level as soon as it ran, the jobs it displaced would take
   their GPUs back after `min_run_s`, and so on: a carousel of preemptions that serves nobody.)
+- `gittins`: Tiresias' 2D-Gittins index (rm/gittins.py): attained GPU-seconds, bucketed, weighed against the sizes
+  of the jobs this RM saw finish; the higher index first, the same starvation guard as `las`, and `las` itself until
+  enough jobs finished.
 - `srtf`: shortest remaining GPU-time first, from the trace's durations (the simulator's oracle baseline; an RM
   has no durations and treats every job alike, i.e. fifo).
 
-In-queue preemption (the simulator's `las` and `srtf`, Tiresias-style): a waiting job that outranks running jobs
+In-queue preemption (`las`, `gittins` and `srtf`, Tiresias-style): a waiting job that outranks running jobs
 of its own queue takes their GPUs when the idle ones do not suffice: only jobs at a worse level (las) or with
 more left (srtf), only jobs that ran at least `min_run_s` (no flapping), and only where that makes room for it
 on the fewest servers it could fit on, in one domain (GPUs freed here and there would go back to the jobs that
@@ -29,8 +32,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpurm.queues.tree import Policy
+from gpurm.rm.gittins import GittinsIndex, next_edge
 
-LAS_THRESHOLDS_GPU_S = (3600.0, 36000.0, 360000.0)   # 1, 10 and 100 GPU-hours: levels 0..3
+# 1, 10 and 100 GPU-hours: levels 0..3 (the default of rm.yaml `preemption.las_thresholds`)
+LAS_THRESHOLDS_GPU_S: tuple[float, ...] = (3600.0, 36000.0, 360000.0)
 LAS_STARVE_FACTOR = 8.0
 
 
@@ -48,8 +53,8 @@ class Standing:
     running_since: float = -1.0   # when its current run started, -1 if it holds no GPUs
 
 
-def las_level(attained_gpu_s: float) -> int:
-    return bisect.bisect_right(LAS_THRESHOLDS_GPU_S, attained_gpu_s)
+def las_level(attained_gpu_s: float, thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S) -> int:
+    return bisect.bisect_right(thresholds, attained_gpu_s)
 
 
 STARVED = (0.0, 0.0)       # how a starved job ranks (before its submit order)
@@ -65,46 +70,65 @@ def las_starved(now: float, waiting_since: float, executed_s: float) -> bool:
     return now > las_starve_at(waiting_since, executed_s)
 
 
-def las_promoted(now: float, waiting_since: float, served_gpu_s: float, gpus: int) -> bool:
+def las_promoted(now: float, waiting_since: float, served_gpu_s: float, gpus: int,
+                 thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S) -> bool:
     """Whether a job starting now starts by the starvation guard (rather than on its level), so that its service
     should count afresh from here. A job still at level 0 has nothing to be promoted from."""
-    return las_level(served_gpu_s) > 0 and las_starved(now, waiting_since, served_gpu_s / max(gpus, 1))
+    return las_level(served_gpu_s, thresholds) > 0 and las_starved(now, waiting_since, served_gpu_s / max(gpus, 1))
 
 
-def rank(policy: Policy, now: float) -> Callable[[Standing], tuple[float, float, int]]:
+def rank(policy: Policy, now: float, thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S,
+         gittins: GittinsIndex | None = None) -> Callable[[Standing], tuple[float, float, int]]:
     """Sort key: lower ranks first. The last item (submit order) only breaks ties: it orders, never preempts."""
+    if policy is Policy.GITTINS and gittins is not None and gittins.ready:
+        table = gittins
+
+        def git(s: Standing) -> tuple[float, float, int]:
+            if s.running_since < 0 and las_starved(now, s.waiting_since, s.executed_s):
+                return (*STARVED, s.seq)
+            return (1.0, -table.index(s.attained_gpu_s), s.seq)     # the higher index first
+        return git
+    if policy is Policy.GITTINS:
+        policy = Policy.LAS                 # too few jobs finished to learn from: las
     if policy is Policy.LAS:
         def las(s: Standing) -> tuple[float, float, int]:
             if s.running_since < 0 and las_starved(now, s.waiting_since, s.executed_s):
                 return (*STARVED, s.seq)
-            return (float(las_level(s.attained_gpu_s)), 0.0, s.seq)
+            return (float(las_level(s.attained_gpu_s, thresholds)), 0.0, s.seq)
         return las
     if policy is Policy.SRTF:
         return lambda s: (0.0, s.remaining_gpu_s, s.seq)
     return lambda s: (0.0, 0.0, s.seq)
 
 
-def waiting_rank(policy: Policy, s: Standing) -> tuple[tuple[float, float, int], float]:
+def waiting_rank(policy: Policy, s: Standing, thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S,
+                 gittins: GittinsIndex | None = None) -> tuple[tuple[float, float, int], float]:
     """A job running nothing keeps one rank until the starvation guard promotes it: (that rank, the time from
     which it ranks as `STARVED` instead; infinity if never). Equal to `rank` at every time."""
     # Ranked the moment it began waiting, it is not starved yet.
-    key = rank(policy, s.waiting_since)(s)
-    return key, las_starve_at(s.waiting_since, s.executed_s) if policy is Policy.LAS else float("inf")
+    key = rank(policy, s.waiting_since, thresholds, gittins)(s)
+    starves = policy in (Policy.LAS, Policy.GITTINS)
+    return key, las_starve_at(s.waiting_since, s.executed_s) if starves else float("inf")
 
 
-def rank_changes_at(policy: Policy, s: Standing, now: float) -> float:
+def rank_changes_at(policy: Policy, s: Standing, now: float,
+                    thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S,
+                    gittins: GittinsIndex | None = None) -> float:
     """For a running job: the earliest time its rank may worsen (las: its service crossing the next threshold,
     were all its GPUs running); infinity where it never does (srtf ranks only improve as a job runs)."""
-    if policy is not Policy.LAS:
+    if policy is Policy.GITTINS and gittins is not None and gittins.ready:
+        edge = next_edge(s.attained_gpu_s)     # its index moves only at its bucket's edge
+        return edge if edge == float("inf") else now + (edge - s.attained_gpu_s) / max(s.gpus, 1)
+    if policy not in (Policy.LAS, Policy.GITTINS):
         return float("inf")
-    level = las_level(s.attained_gpu_s)
-    if level >= len(LAS_THRESHOLDS_GPU_S):
+    level = las_level(s.attained_gpu_s, thresholds)
+    if level >= len(thresholds):
         return float("inf")
-    return now + (LAS_THRESHOLDS_GPU_S[level] - s.attained_gpu_s) / max(s.gpus, 1)
+    return now + (thresholds[level] - s.attained_gpu_s) / max(s.gpus, 1)
 
 
 def preemptive(policy: Policy) -> bool:
-    return policy in (Policy.LAS, Policy.SRTF)
+    return policy in (Policy.LAS, Policy.SRTF, Policy.GITTINS)
 
 
 @dataclass(frozen=True)
@@ -120,7 +144,9 @@ class Room:
 def in_queue_victims(policy: Policy, now: float, waiting: Sequence[Standing], running: Sequence[Standing],
                      servers: Sequence[Room], held: Mapping[str, Mapping[str, int]],
                      min_run_s: float, levels: Mapping[str, str] | None = None,
-                     fits_idle: list[str] | None = None) -> list[tuple[str, str]]:
+                     fits_idle: list[str] | None = None,
+                     thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S,
+                     gittins: GittinsIndex | None = None) -> list[tuple[str, str]]:
     """(victim, beneficiary) pairs: running jobs of one queue that waiting jobs of the same queue outrank.
 
     `held` says where each running job's GPUs are (job -> server -> GPUs). Victims are chosen so that the
@@ -131,7 +157,7 @@ def in_queue_victims(policy: Policy, now: float, waiting: Sequence[Standing], ru
     nothing; waiting jobs that fit in the idle GPUs take nothing either: they are appended to `fits_idle`, if
     given (the RM tells their AMs to plan now).
     """
-    key = rank(policy, now)
+    key = rank(policy, now, thresholds, gittins)
     rk = {s.job_id: key(s) for s in running}
     free = {r.node_id: r.free for r in servers}
     idle = sum(free.values())
@@ -233,19 +259,26 @@ class _Spread:
 
 
 def _compact_room(gpus: int, level: str, servers: Sequence[Room], free: Mapping[str, int], on: _Spread, n: int,
-                  biggest: int) -> tuple[list[str], set[str]] | None:
+                  biggest: int, ties_by_order: bool = False) -> tuple[list[str], set[str]] | None:
     """The cheapest victims among the first `n` of the pool (fewest GPUs preempted, then lowest-ranked) whose
     GPUs, with the idle ones, give `gpus` GPUs where an AM at locality `level` can take them (see
-    in_queue_victims); with the servers used. None if none do."""
+    in_queue_victims); with the servers used. None if none do. `ties_by_order`: between rooms of equal cost, the
+    one whose victims come first in the pool (else the first room found)."""
     fewest = -(-gpus // biggest)
     by_domain: dict[str, list[tuple[int, str]]] = {}        # domain -> (-room, server)
     for s in servers:
         room = free.get(s.node_id, 0) + on.gpus_of_first(s.node_id, n)
         if room > 0:
             by_domain.setdefault("" if level == "any" else s.domain, []).append((-room, s.node_id))
-    best: tuple[tuple[int, int], list[str], set[str]] | None = None
+    best: tuple[tuple[int, int, tuple[int, ...]], list[str], set[str]] | None = None
     for domain in sorted(by_domain):
         group = sorted(by_domain[domain])
+        if ties_by_order:
+            # Between servers of equal room, the one whose would-be victims come first in the pool.
+            def first_order(node: str) -> int:
+                entries = on.first(node, n)
+                return entries[0][0] if entries else n
+            group = [(r, node) for r, _, node in sorted((r, first_order(node), node) for r, node in group)]
         if level in ("rack", "any"):
             # As few servers as will do: the roomiest first.
             total = 0
@@ -273,16 +306,18 @@ def _compact_room(gpus: int, level: str, servers: Sequence[Room], free: Mapping[
                     o = here.get(r.job_id)
                     here[r.job_id] = (order, r, g + (o[2] if o else 0))
             picked: list[str] = []
+            orders: list[int] = []
             preempted = 0
-            for _, r, g in sorted(here.values(), key=lambda x: x[0]):
+            for order, r, g in sorted(here.values(), key=lambda x: x[0]):
                 if have >= gpus:
                     break
                 picked.append(r.job_id)
+                orders.append(order)
                 have += g
                 preempted += r.gpus
             if have < gpus:
                 continue
-            cost = (preempted, len(picked))
+            cost = (preempted, len(picked), tuple(orders) if ties_by_order else ())
             if best is None or cost < best[0]:
                 best = (cost, picked, set(chosen))
     return None if best is None else (best[1], best[2])
@@ -304,3 +339,20 @@ def _occupy(free: dict[str, int], servers: Sequence[Room], gpus: int) -> int:
         free[s.node_id] -= take
         left -= take
     return gpus - left
+
+
+def room_victims(gpus: int, level: str, servers: Sequence[Room], free: Mapping[str, int], pool: Sequence[Standing],
+                 held: Mapping[str, Mapping[str, int]]) -> tuple[list[str], set[str]] | None:
+    """Victims among `pool` (preferred first) whose GPUs, with the idle ones (`free`), give `gpus` GPUs where an
+    AM at locality `level` can take them (as in in_queue_victims: the fewest GPUs preempted, then the fewest jobs,
+    the first in `pool` first); with the servers used. None if no such room can be made. Fair-share preemption
+    (rm/preemption.py) asks this for the starving queue's waiting jobs."""
+    biggest = max((r.size for r in servers), default=0)
+    if gpus <= 0 or biggest <= 0:
+        return None
+    return _compact_room(gpus, level or "packed", servers, free, _Spread(pool, held), len(pool), biggest, True)
+
+
+def occupy(free: dict[str, int], servers: Sequence[Room], gpus: int) -> int:
+    """Mark `gpus` free GPUs on `servers` as spoken for, as a compact plan would take them; how many it marked."""
+    return _occupy(free, servers, gpus)

@@ -79,8 +79,8 @@ class QueueBook:
         return waiting
 
     def _ranked(self) -> bool:
-        """Whether some leaf's policy ranks jobs by something that changes over time (las)."""
-        return any(q.effective_policy.value in ("las", "srtf") for q in self.tree.leaves)
+        """Whether some leaf's policy ranks jobs by something that changes over time (las, gittins, srtf)."""
+        return any(q.effective_policy.value in ("las", "srtf", "gittins") for q in self.tree.leaves)
 
     def invalidate(self) -> None:
         self._shares = None

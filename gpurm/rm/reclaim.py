@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from gpurm.rm import preemption
+from gpurm.rm import preemption, priority
 from gpurm.rm.amlaunch import AMLauncher
 from gpurm.rm.cluster import Cluster
 from gpurm.rm.containers import ContainerIndex
@@ -115,7 +115,7 @@ class Reclaims:
                 continue
             candidates.append(preemption.Candidate(job_id, job.queue, sum(c.gpus for c in held),
                                                    max(c.created for c in held), job.seq))
-        decisions = preemption.decide(book, shares, now, candidates, reclaiming)
+        decisions = preemption.decide(book, shares, now, candidates, reclaiming, self.placement(holding))
         grace = 0.0
         for d in decisions:
             grace = book.tree.by_path[d.beneficiary].preemption.grace_s
@@ -124,6 +124,34 @@ class Reclaims:
             log.info("preempting %s (%d GPUs) for %s: %s", ", ".join(v.job_id for v in d.victims), d.gpus,
                      d.beneficiary, d.reason)
         return decisions
+
+    def placement(self, holding: Mapping[str, list[Container]]) -> preemption.Placement:
+        """Where the GPUs are, for placement-aware preemption: the servers on offer with their idle GPUs, where each
+        job holding GPUs holds them, and each queue's jobs that have an AM but run nothing (submit order) with the
+        GPUs they still need and their AM's locality level."""
+        cluster = self.cluster
+        servers = [priority.Room(n.node_id, n.ib_domain or n.rack, n.healthy_gpus, cluster.free(n.node_id))
+                   for n in cluster.nodes.values() if n.offering]
+        held: dict[str, dict[str, int]] = {}
+        for job_id, containers in holding.items():
+            where = held[job_id] = {}
+            for c in containers:
+                where[c.node_id] = where.get(c.node_id, 0) + c.gpus
+        waiting: dict[str, list[preemption.Waiter]] = {}
+        running = self.index.learners_live
+        for queue, members in self.ams.with_am_by_queue.items():
+            out: list[preemption.Waiter] = []
+            for job_id in members:
+                job = self.jobs.get(job_id)
+                if job is None or job.state.terminal or job_id in running:
+                    continue
+                need = job.spec.gpus - sum(held.get(job_id, {}).values())
+                if need > 0:
+                    attempt = job.current_attempt
+                    out.append(preemption.Waiter(job_id, need, attempt.level if attempt is not None else ""))
+            if out:
+                waiting[queue] = sorted(out, key=lambda w: self.jobs[w.job_id].seq)
+        return preemption.Placement(servers, held, waiting)
 
     def launched(self, c: Container) -> bool:
         """Whether the AM has already launched this grant as a learner (it says so before the agent does): the

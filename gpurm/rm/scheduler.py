@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 from gpurm.queues.tree import Policy, QueueDef
 from gpurm.rm.cluster import Cluster, pick_gpus
-from gpurm.rm.priority import Standing, rank
+from gpurm.rm.gittins import GittinsIndex
+from gpurm.rm.priority import LAS_THRESHOLDS_GPU_S, Standing, rank
 from gpurm.rm.queuebook import QueueBook
 from gpurm.rm.sortedkeys import SortedKeys
 
@@ -84,15 +85,20 @@ def subtract_grants(asks: list[Ask], grants: Iterable[tuple[str, str, int]]) -> 
     return [a for a in out if a.count > 0]
 
 
-def policy_key(policy: Policy, now: float) -> Callable[[App], tuple[float, float, int]]:
-    key = rank(policy, now)
+def policy_key(policy: Policy, now: float, thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S,
+               gittins: GittinsIndex | None = None) -> Callable[[App], tuple[float, float, int]]:
+    key = rank(policy, now, thresholds, gittins)
     return lambda a: key(a.standing or Standing(a.job_id, a.seq, 0))
 
 
 class Scheduler:
-    def __init__(self, cluster: Cluster, book: QueueBook) -> None:
+    def __init__(self, cluster: Cluster, book: QueueBook,
+                 las_thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S,
+                 gittins: GittinsIndex | None = None) -> None:
         self.cluster = cluster
         self.book = book
+        self.las_thresholds = las_thresholds      # the same levels in-queue preemption ranks by (RMSettings)
+        self.gittins = gittins                    # the same index table (the core's, learned from finished jobs)
         self.reserved: dict[str, int] = {}
         self.policy_override: Policy | None = None   # the simulator's --policy: every leaf uses it
 
@@ -115,7 +121,7 @@ class Scheduler:
             return []
         queues: dict[str, deque[App]] = {}
         for leaf, members in by_leaf.items():
-            members.sort(key=policy_key(self.policy_of(tree.by_path[leaf]), now))
+            members.sort(key=policy_key(self.policy_of(tree.by_path[leaf]), now, self.las_thresholds, self.gittins))
             queues[leaf] = deque(members)
         # Leaves that want more than they use while below their share: nobody else may go above theirs.
         waiting = set(self.book.waiting(shares))     # a copy: this pass changes it as queues reach their share

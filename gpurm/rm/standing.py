@@ -15,16 +15,22 @@ from __future__ import annotations
 
 from gpurm.queues.tree import Policy
 from gpurm.rm import priority
+from gpurm.rm.gittins import GittinsIndex
 from gpurm.rm.model import Container, ContainerKind, Job
 
 
 class Standings:
-    def __init__(self, live_by_job: dict[str, dict[str, Container]]) -> None:
+    def __init__(self, live_by_job: dict[str, dict[str, Container]],
+                 las_thresholds: tuple[float, ...] = priority.LAS_THRESHOLDS_GPU_S,
+                 gittins: GittinsIndex | None = None) -> None:
         self.live_by_job = live_by_job     # the core's index: job id -> its live containers
+        self.las_thresholds = las_thresholds   # GPU-seconds where a las job drops a level (RMSettings)
+        self.gittins = gittins if gittins is not None else GittinsIndex()   # learned from finished jobs
         self._runs: dict[str, tuple[tuple[int, float], ...]] = {}
         self._idle_standing: dict[str, tuple[tuple[float, float, float, float], priority.Standing]] = {}
-        self._idle_rank: dict[str, tuple[Policy, priority.Standing, tuple[float, float, int], float]] = {}
-        self._run_rank: dict[str, tuple[tuple[tuple[int, float], ...], Policy, tuple[float, float], float, float]] = {}
+        self._idle_rank: dict[str, tuple[Policy, int, priority.Standing, tuple[float, float, int], float]] = {}
+        self._run_rank: dict[str, tuple[tuple[tuple[int, float], ...], Policy, int, tuple[float, float], float,
+                                        float]] = {}
 
     def runs_changed(self, job_id: str) -> None:
         """A job's learners came, started or went: its runs, and its waiting rank, are computed afresh."""
@@ -68,11 +74,12 @@ class Standings:
         """A job running nothing: its Standing, its rank, and when it starts to rank as starved (cached: none of
         them changes until its learners change, which drops the entry)."""
         cached = self._idle_rank.get(job.job_id)
-        if cached is not None and cached[0] is policy:
-            return cached[1:]
+        version = self.gittins.version
+        if cached is not None and cached[0] is policy and cached[1] == version:
+            return cached[2], cached[3], cached[4]
         s = self.standing(job, 0.0)
-        key, starve_at = priority.waiting_rank(policy, s)
-        self._idle_rank[job.job_id] = (policy, s, key, starve_at)
+        key, starve_at = priority.waiting_rank(policy, s, self.las_thresholds, self.gittins)
+        self._idle_rank[job.job_id] = (policy, version, s, key, starve_at)
         return s, key, starve_at
 
     def running_rank(self, job: Job, policy: Policy, now: float) -> tuple[tuple[float, float], float, float]:
@@ -81,13 +88,15 @@ class Standings:
         only improves as the job runs, so an older one is a safe bound.)"""
         runs = self._runs.get(job.job_id)
         cached = self._run_rank.get(job.job_id)
+        version = self.gittins.version
         if cached is not None and runs is not None and cached[0] is runs and cached[1] is policy \
-                and now < cached[3]:
-            return cached[2], cached[3], cached[4]
+                and cached[2] == version and now < cached[4]:
+            return cached[3], cached[4], cached[5]
         s = self.standing(job, now)
         if s.running_since < 0:
             return (0.0, 0.0), float("inf"), -1.0
-        k = priority.rank(policy, now)(s)
-        out = ((k[0], k[1]), priority.rank_changes_at(policy, s, now), s.running_since)
-        self._run_rank[job.job_id] = (self._runs[job.job_id], policy, *out)
+        k = priority.rank(policy, now, self.las_thresholds, self.gittins)(s)
+        out = ((k[0], k[1]), priority.rank_changes_at(policy, s, now, self.las_thresholds, self.gittins),
+               s.running_since)
+        self._run_rank[job.job_id] = (self._runs[job.job_id], policy, version, *out)
         return out

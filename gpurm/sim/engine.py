@@ -111,7 +111,7 @@ class Engine:
         settings = RMSettings(
             heartbeat_interval_s=1e15, missed_beats=1, container_start_timeout_s=1e15, am_register_timeout_s=1e15,
             am_liveness_timeout_s=1e15, max_active_ams=10**9, max_acquiring_per_queue=options.max_acquiring_per_queue,
-            kill_grace_s=0.0, inqueue_preemption=policy in (Policy.LAS, Policy.SRTF),
+            kill_grace_s=0.0, inqueue_preemption=policy is None or priority.preemptive(policy),
             inqueue_min_run_s=options.inqueue_min_run_s)
         self.core = RMCore(settings, tree)
         self.core.scheduler.policy_override = policy
@@ -383,7 +383,8 @@ class Engine:
         if idle:
             job = self.core.jobs[am.job_id]
             leaf = self.core.queues.tree.by_path[job.queue]
-            rank = priority.rank(self.core.scheduler.policy_of(leaf), now)(self.core.standing(job, now))
+            rank = priority.rank(self.core.scheduler.policy_of(leaf), now, self.core.settings.las_thresholds_gpu_s,
+                                 self.core.standings.gittins)(self.core.standing(job, now))
             key = (rank, am.trace.gpus, am.job_id)
             self.idle.setdefault(job.queue, SortedKeys()).add(key)
             self.idle_active.setdefault(job.queue, SortedKeys()).add(key)

@@ -128,3 +128,16 @@ def test_victims_are_chosen_where_the_beneficiarys_am_can_take_them() -> None:
     assert in_queue_victims(Policy.LAS, 300.0, w, running, servers, held, 60, {"w": "rack"}) == []
     assert in_queue_victims(Policy.LAS, 300.0, w, running, servers, held, 60, {"w": "any"}) == \
         [("b", "w"), ("a", "w")]                                                      # lowest-ranked first
+
+
+def test_las_thresholds_are_a_parameter() -> None:
+    # rm.yaml `preemption.las_thresholds`: a 100 GPU-second first level makes a 120 GPU-second job level 1 ...
+    small = (100.0, 1000.0)
+    assert [las_level(x, small) for x in (0, 99, 100, 999, 1000)] == [0, 0, 1, 1, 2]
+    running = [st("long", 1, 4, attained=120, executed=30, running_since=0)]
+    waiting = [st("new", 2, 4)]
+    held = {"long": {"n0": 4}}
+    assert in_queue_victims(Policy.LAS, 60.0, waiting, running, rooms(0), held, min_run_s=10,
+                            thresholds=small) == [("long", "new")]
+    # ... which the default thresholds (1 GPU-hour) leave at level 0 with the newcomer: no preemption
+    assert in_queue_victims(Policy.LAS, 60.0, waiting, running, rooms(0), held, min_run_s=10) == []

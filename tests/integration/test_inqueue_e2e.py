@@ -1,0 +1,52 @@
+"""In-queue preemption in the daemon (Tiresias' las), on a real dev cluster: the same core path the simulator runs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpurm.proto import gpurm_pb2 as pb
+from tests.conftest import TestBroker
+from tests.integration.harness import DevCluster
+
+QUEUES = """
+defaults:
+  preemption_grace: 3s              # above the running AM's 2 s allocate interval: it hears of it in time
+queues:
+  research: {policy: las}
+"""
+# One 4-GPU server; a 4-GPU job drops to las level 1 after 20 GPU-seconds (5 s) and may be preempted after 2 s.
+RM_OPTIONS = ["--rm-option", "preemption.in_queue_min_run=2s", "--rm-option", "preemption.las_thresholds=[20s]"]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, broker: TestBroker) -> Iterator[DevCluster]:
+    qfile = tmp_path / "queues.yaml"
+    qfile.write_text(QUEUES)
+    c = DevCluster(tmp_path / "c", nodes=1, gpus_per_node=4, racks=1, broker=broker,
+                   extra=["--queues", str(qfile), *RM_OPTIONS])
+    yield c
+    c.stop()
+
+
+def test_las_preempts_a_long_job_for_a_new_one_and_the_long_one_resumes(cluster: DevCluster) -> None:
+    c = cluster
+    long = c.submit("--gpus", "4", "--queue", "research", "--", "sh", "-c", "sleep 600")
+    c.wait_job(long, states=[pb.JOB_RUNNING], timeout=30)
+    time.sleep(6)                      # 24 GPU-seconds: level 1, and past the minimum run
+    assert c.job(long).preemptions == 0
+    short = c.submit("--gpus", "4", "--queue", "research", "--", "sh", "-c", "sleep 3")
+    # The newcomer (level 0) outranks the long job (level 1) in its own queue: the long job is preempted ...
+    c.wait_job(short, states=[pb.JOB_RUNNING, pb.JOB_SUCCEEDED], timeout=30)
+    job = c.job(long)
+    assert job.preemptions == 1 and job.failures == 0
+    assert job.attempts[0].failure == pb.FAILURE_PREEMPTED and not job.attempts[0].counts_as_failure
+    assert "preempted" in c.gpurm("status", long).out
+    # ... the newcomer runs to its end, and the long job resumes (same id, a new attempt) on the freed GPUs.
+    assert c.wait_job(short, timeout=30).state == pb.JOB_SUCCEEDED
+    resumed = c.wait_job(long, states=[pb.JOB_RUNNING], timeout=30)
+    assert len(resumed.attempts) == 2 and resumed.preemptions == 1
+    c.gpurm("kill", long, "--no-wait")

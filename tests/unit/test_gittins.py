@@ -1,0 +1,87 @@
+"""Tiresias' 2D-Gittins index (rm/gittins.py) and the `gittins` policy's ranks: known small distributions."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpurm.queues.tree import Policy
+from gpurm.rm import gittins
+from gpurm.rm.gittins import EDGES, GittinsIndex, bucket, index_table, next_edge
+from gpurm.rm.priority import Room, Standing, in_queue_victims, rank, rank_changes_at, waiting_rank
+
+
+def test_buckets_double_from_one_gpu_minute() -> None:
+    assert EDGES[:5] == (0.0, 60.0, 120.0, 240.0, 480.0)
+    assert [bucket(x) for x in (0, 59.9, 60, 119, 120, 479, 480)] == [0, 0, 1, 1, 2, 3, 4]
+    assert next_edge(0) == 60.0 and next_edge(130) == 240.0
+
+
+def test_two_point_distribution() -> None:
+    # Half the jobs take 60 GPU-s, half 480. At 0, a quantum of 60 finishes half of them for an expected 60 GPU-s
+    # spent: 0.5 / 60; a quantum of 480 finishes all for an expected 0.5 x 60 + 0.5 x 480 = 270: 1 / 270. Best: 1/120.
+    table = index_table([60.0] * 5 + [480.0] * 5)
+    assert table[0] == pytest.approx(1 / 120)
+    # Past 60 only the 480s are left: certain to finish within 420 more, so the index is 1 / 420 at the 60 edge ...
+    assert table[1] == pytest.approx(1 / 420)
+    # ... and it grows as they near their end (at 240: 1 / 240); past every known size it is 0.
+    assert table[3] == pytest.approx(1 / 240)
+    assert table[4] == 0.0
+
+
+def test_a_job_that_outlived_the_short_ones_ranks_below_a_new_one() -> None:
+    # Mostly short jobs (60) and a few long (7680): a new job is likely short, one past 60 is surely long.
+    table = index_table([60.0] * 9 + [7680.0])
+    assert table[0] > table[1]
+
+
+def test_the_table_waits_for_enough_finished_jobs_and_rebuilds_on_growth() -> None:
+    g = GittinsIndex()
+    for _ in range(gittins.MIN_FINISHED - 1):
+        assert not g.finished(100.0)
+    assert not g.ready
+    assert g.finished(100.0) and g.ready and g.version == 1
+    built = len(g.sizes)
+    grown = int(built * gittins.REBUILD_GROWTH)
+    assert not any(g.finished(100.0) for _ in range(grown - 1))     # < 10% more: the table stays
+    assert g.finished(100.0) and g.version == 2
+
+
+def st(job: str, seq: int, gpus: int = 1, attained: float = 0.0, running_since: float = -1.0,
+       waiting_since: float = 0.0) -> Standing:
+    return Standing(job, seq, gpus, attained, attained / gpus, waiting_since, 0.0, running_since)
+
+
+def learned(sizes: list[float]) -> GittinsIndex:
+    g = GittinsIndex()
+    for s in sizes * (gittins.MIN_FINISHED // len(sizes) + 1):
+        g.finished(s)
+    return g
+
+
+def test_gittins_ranks_as_las_until_ready_then_by_index() -> None:
+    jobs = [st("long", 1, attained=100.0), st("new", 2)]
+    assert rank(Policy.GITTINS, 0.0, gittins=GittinsIndex())(jobs[0]) == rank(Policy.LAS, 0.0)(jobs[0])
+    # Sizes 60 or 480: a job at 100 (surely a 480 one) has index 1/420 < a new job's 1/120: the new one first.
+    key = rank(Policy.GITTINS, 0.0, gittins=learned([60.0, 480.0]))
+    assert [s.job_id for s in sorted(jobs, key=key)] == ["new", "long"]
+    # The rank may move only when the running job's service crosses its bucket's edge (120 GPU-s, 2 GPUs: 10 s).
+    running = st("r", 3, gpus=2, attained=100.0, running_since=0.0)
+    assert rank_changes_at(Policy.GITTINS, running, 50.0, gittins=learned([60.0, 480.0])) == pytest.approx(60.0)
+
+
+def test_a_starved_job_is_promoted_under_gittins_too() -> None:
+    s = st("old", 1, attained=100.0, waiting_since=0.0)
+    _, starve_at = waiting_rank(Policy.GITTINS, s, gittins=learned([60.0, 480.0]))
+    assert starve_at == pytest.approx(8 * 100.0)
+    assert rank(Policy.GITTINS, 1000.0, gittins=learned([60.0, 480.0]))(s)[:2] == (0.0, 0.0)
+
+
+def test_gittins_preempts_inside_a_queue_for_a_higher_index() -> None:
+    # Sizes 60 or 480. A job past 240 GPU-s (sure to be a 480 one) has index 1/240, a new job 1/120: the new job
+    # outranks it and takes its GPUs; under las both are at level 0 and nobody is preempted.
+    g = learned([60.0, 480.0])
+    running = [st("long", 1, gpus=4, attained=400.0, running_since=0.0)]
+    waiting = [st("new", 2, gpus=4)]
+    args = (500.0, waiting, running, [Room("n0", "r0", 4, 0)], {"long": {"n0": 4}})
+    assert in_queue_victims(Policy.GITTINS, *args, min_run_s=60, gittins=g) == [("long", "new")]
+    assert in_queue_victims(Policy.LAS, *args, min_run_s=60) == []
