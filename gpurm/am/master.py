@@ -8,6 +8,10 @@ If the gang is not complete within `timeout` of entering a level, everything hel
 
 The shell feeds it the view, grants, completions and launch results, and carries out what it asks for: the asks
 sent with each allocate, releases, learner launches and stops, attempt reports and the final state.
+
+Why it is over 500 lines: one attempt's whole acquisition workflow is one state machine whose transitions read
+each other's fields (level, hold, back-off, launch set); the pieces that stand alone are already out: the planner
+(placement.py), relax-by-cost (relax.py), the view (view.py).
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ known until the RM acknowledges it (`forget`).
 Each container runs under a launcher (`shim.py`) that survives the agent: after a restart, `adopt` finds the
 live containers of the previous agent process in their records, watches them again (the launcher's pid,
 checked against its start time), and reads the exit code of those that ended meanwhile from `exit.json`.
+
+Why it is over 500 lines: a container's start, watch, stop, adoption and forgetting all act on the same live
+record and its processes, under one lock; what stands alone is already out: the launcher (launch.py, shim.py),
+cgroups (cgroups.py), whom a container runs as (identity.py), log files (logfiles.py).
 """
 
 from __future__ import annotations
