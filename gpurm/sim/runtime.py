@@ -57,7 +57,7 @@ class RuntimeConfig:
     rack_factor: float = 0.9
     # Network contention: each other multi-server job sharing a server of this one adds this much to its run time
     # (for a fully sensitive job). Source: Philly ATC'19 reports jobs sharing servers' network links slowing each
-    # other several-fold; 1.0 means one neighbour halves the rate, three quarter it.
+    # other several-fold; 1.0 means one neighbour halves the rate, three quarter it (1 / (1 + 3)).
     contention_per_job: float = 1.0
     # Sensitivity of a job the trace gives no model name for: a deterministic mix, seeded by the job id. Source:
     # Tiresias (NSDI'19) finds consolidation matters for models with skewed tensor sizes (VGG, AlexNet) and hardly
