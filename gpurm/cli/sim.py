@@ -9,10 +9,11 @@ from pathlib import Path
 
 from gpurm.cli.client import CliError
 from gpurm.cli.output import print_json, table
-from gpurm.queues.fields import format_duration
+from gpurm.queues.fields import format_duration, parse_duration
 from gpurm.queues.tree import Policy
-from gpurm.sim.metrics import SIZE_CLASSES
+from gpurm.sim.metrics import LOCALITY_CLASSES, SIZE_CLASSES
 from gpurm.sim.run import SimInputError, SimRequest, run
+from gpurm.sim.runtime import RuntimeModel
 from gpurm.sim.trace import FORMATS, TraceError, split_window
 
 EXAMPLE = ("  gpurm sim --trace jobs-2017-10-02_to_10-15.csv --format philly-csv --cluster 8x8x8 --out /tmp/sim-fifo\n"
@@ -36,6 +37,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--failures", type=float, default=0.0, metavar="RATE",
                    help="inject infrastructure failures: RATE per 1000 learner GPU-hours (Poisson); default 0")
     p.add_argument("--seed", type=int, default=0, help="random seed (back-off jitter, failures); default 0")
+    p.add_argument("--runtime-model", choices=[m.value for m in RuntimeModel], default=RuntimeModel.PLACEMENT.value,
+                   help="placement (default): a job's speed depends on how spread it is and who shares its servers' "
+                        "links, and preemption loses work since the last checkpoint; ideal: full speed anywhere, "
+                        "instant checkpoints (see docs/sim.md)")
+    p.add_argument("--runtime-config", metavar="FILE",
+                   help="YAML file of the placement model's constants (sim/runtime.py RuntimeConfig)")
+    p.add_argument("--checkpoint-interval", metavar="DURATION",
+                   help="placement model: how often a job checkpoints (e.g. 30m, 1800); default 30m")
+    p.add_argument("--restart-cost", metavar="DURATION",
+                   help="placement model: time an attempt after an interruption spends before making progress "
+                        "(e.g. 60, 2m); default 60s")
     p.add_argument("--out", required=True, metavar="DIR", help="where summary.json, jobs.csv and the plots go")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots (faster)")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table",
@@ -47,10 +59,15 @@ def cmd_sim(args: argparse.Namespace) -> int:
         window = split_window(args.window) if args.window else None
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    checkpoint = _duration_flag("--checkpoint-interval", args.checkpoint_interval)
+    restart = _duration_flag("--restart-cost", args.restart_cost)
     req = SimRequest(trace=Path(args.trace), fmt=args.format, cluster=args.cluster, out=Path(args.out),
                      queues=Path(args.queues) if args.queues else None,
                      policy=Policy(args.policy) if args.policy else None, window=window,
-                     failures_per_1000_gpu_h=args.failures, seed=args.seed, plots=not args.no_plots)
+                     failures_per_1000_gpu_h=args.failures, seed=args.seed, plots=not args.no_plots,
+                     runtime_model=RuntimeModel(args.runtime_model),
+                     runtime_config=Path(args.runtime_config) if args.runtime_config else None,
+                     checkpoint_interval_s=checkpoint, restart_cost_s=restart)
     progress = _Progress()
     try:
         outcome = run(req, progress)
@@ -63,6 +80,15 @@ def cmd_sim(args: argparse.Namespace) -> int:
     _print_summary(outcome.summary)
     print(f"\nwrote {', '.join(p.name for p in outcome.files)} to {req.out}")
     return 0
+
+
+def _duration_flag(flag: str, text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise CliError(f"{flag}: {exc}") from None
 
 
 class _Progress:
@@ -101,6 +127,20 @@ def _num(value: object, unit: str = "s") -> str:
     return str(value)
 
 
+def _share(value: object) -> str:
+    return "-" if not isinstance(value, float | int) else f"{100 * value:.0f}%"
+
+
+def _runtime_line(s: dict[str, object]) -> str:
+    runtime = s.get("runtime")
+    if not isinstance(runtime, dict):
+        return "-"
+    if runtime.get("model") != "placement":
+        return str(runtime.get("model"))
+    return (f"placement (checkpoint every {format_duration(float(runtime['checkpoint_interval_s']))}, "
+            f"restart {format_duration(float(runtime['restart_cost_s']))})")
+
+
 def _print_summary(s: dict[str, object]) -> None:
     rows: list[list[object]] = [
         ["jobs", f"{s['jobs']} ({s['finished']} finished)"],
@@ -112,6 +152,12 @@ def _print_summary(s: dict[str, object]) -> None:
         ["GPU utilization", _num(s["gpu_utilization"], "")],
         ["locality", _num(s["locality"], "")],
         ["preemptions / retries", f"{s['preemptions']} / {s['retries']}"],
+        ["run-time model", _runtime_line(s)],
+        ["mean placement slowdown", _num(s["mean_slowdown"], "")],
+        ["GPU-hours lost: preemption / failures",
+         f"{_num(s['gpu_hours_lost_preemption'], '')} / {_num(s['gpu_hours_lost_failures'], '')}"],
+        ["JCT excess over the trace avg / p99",
+         " / ".join(_num(s[k]) for k in ("avg_jct_excess_s", "p99_jct_excess_s"))],
         ["wall time", f"{s['wall_s']:.1f}s"],
     ]
     table(["FIGURE", "VALUE"], rows)
@@ -119,6 +165,12 @@ def _print_summary(s: dict[str, object]) -> None:
     assert isinstance(by_size, dict)
     print()
     table(["JOB SIZE (GPUs)", *SIZE_CLASSES], [["avg queueing", *(_num(by_size[c]) for c in SIZE_CLASSES)]])
+    by_class, packed = s["queue_by_class"], s["locality_by_size"]
+    assert isinstance(by_class, dict) and isinstance(packed, dict)
+    print()
+    table(["MULTI-GPU JOBS (GPUs)", *LOCALITY_CLASSES],
+          [["on the fewest servers", *(_share(packed[c]) for c in LOCALITY_CLASSES)],
+           ["avg queueing", *(_num(by_class[c]) for c in LOCALITY_CLASSES)]])
     per_queue = s["per_queue"]
     assert isinstance(per_queue, dict)
     print()

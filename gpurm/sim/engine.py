@@ -39,6 +39,7 @@ from gpurm.rm.scheduler import Ask
 from gpurm.rm.sortedkeys import SortedKeys
 from gpurm.sim.clusterspec import SimServer
 from gpurm.sim.metrics import JobResult, Timeline
+from gpurm.sim.runtime import RuntimeConfig, checkpointed, rate, sensitivity_of
 from gpurm.sim.trace import Trace, TraceJob
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,9 @@ class SimOptions:
     max_retries: int = 3
     inqueue_min_run_s: float = 300.0
     locality: Locality = field(default_factory=Locality)   # every job's locality settings (the RM's defaults)
+    # The `placement` run-time model's constants (sim/runtime.py); None: the `ideal` model (full speed anywhere,
+    # instant checkpoints), exactly the behaviour before the model existed.
+    runtime: RuntimeConfig | None = None
 
 
 @dataclass
@@ -73,6 +77,16 @@ class Run:
     start: float
     containers: dict[str, str]           # container -> node
     ended: bool = False
+    finish_seq: int = 0                  # the FINISH event still valid (placement: re-timed when the rate changes)
+    # The `placement` model only (see sim/runtime.py):
+    rate: float = 1.0                    # work (full-speed seconds) per second now
+    productive_from: float = 0.0         # the restart cost paid, work begins here
+    accounted_at: float = 0.0            # work is counted up to here
+    work: float = 0.0                    # work done by this attempt
+    nodes: tuple[str, ...] = ()          # its servers, when more than one (they share network links)
+    racks: int = 1
+    # (time, work, rate from then): every rate change, to find the work saved at the last checkpoint.
+    breaks: list[tuple[float, float, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -89,6 +103,13 @@ class SimAM:
     wake_at: float | None = None
     first_start: float | None = None
     done: bool = False
+    # The `placement` model only:
+    sensitivity: float = 0.0
+    restart_after: str = ""              # "preemption" / "failure": the next attempt pays the restart cost
+    run_s: float = 0.0                   # productive seconds run (all attempts)
+    slow_s: float = 0.0                  # the integral of 1 / rate over them (run_s x the mean slowdown)
+    lost_preemption_gpu_s: float = 0.0   # GPU-time lost to preemption: work since the checkpoint, restarts
+    lost_failure_gpu_s: float = 0.0      # the same for failed attempts
 
 
 @dataclass
@@ -154,6 +175,14 @@ class Engine:
         self.rng = random.Random(options.seed)
         self.n_events = 0
         self.n_settles = 0
+        # The `placement` model: the running multi-server jobs on each server, and the shape of the cluster.
+        self.runtime = options.runtime
+        self.on_server: dict[str, dict[str, None]] = {}
+        self.rack_of = {s.node_id: s.rack for s in servers}
+        rack_gpus: dict[str, int] = {}
+        for s in servers:
+            rack_gpus[s.rack] = rack_gpus.get(s.rack, 0) + s.gpus
+        self._rack_sizes = sorted(rack_gpus.values(), reverse=True)
 
     # ------------------------------------------------------------ event queue
 
@@ -206,8 +235,8 @@ class Engine:
             assert isinstance(payload, TraceJob)
             self.arrive(payload, now)
         elif kind == FINISH:
-            job_id, token = cast(tuple[str, int], payload)
-            self.learners_done(job_id, token, now)
+            job_id, token, seq = cast(tuple[str, int, int], payload)
+            self.learners_done(job_id, token, seq, now)
         elif kind == FAIL:
             job_id, token, node = cast(tuple[str, int, str], payload)
             self.learner_failed(job_id, token, node, now)
@@ -261,6 +290,8 @@ class Engine:
             seed = zlib.crc32(f"{self.options.seed}:{tj.job_id}".encode())
             master = Master(job.spec, now, rng=random.Random(seed))
             am = SimAM(effect.job_id, tj, master, effect.am_attempt, effect.container_id, effect.node_id)
+            if self.runtime is not None:
+                am.sensitivity = sensitivity_of(tj.job_id, tj.name, tj.sensitivity, self.runtime, self.options.seed)
             self.ams[effect.job_id] = am
             master.on_view(self.view(), now)
             self.dirty[effect.job_id] = None
@@ -495,21 +526,25 @@ class Engine:
         if am.first_start is None:
             am.first_start = now
         remaining = max(0.0, am.trace.duration_s - am.progress_s)
-        self.push(now + remaining, FINISH, (am.job_id, self._token))
-        rate = self.options.failures_per_1000_gpu_h
-        if rate > 0:
-            per_s = rate / 1000.0 * am.trace.gpus / 3600.0
+        if self.runtime is None:
+            self.push(now + remaining, FINISH, (am.job_id, self._token, 0))
+        else:
+            self.start_timed(am, self.runtime, now)
+        failures = self.options.failures_per_1000_gpu_h
+        if failures > 0:
+            per_s = failures / 1000.0 * am.trace.gpus / 3600.0
             t_fail = self.rng.expovariate(per_s)
-            if t_fail < remaining:
+            # Under `placement` the attempt may run slower than full speed: a failure past the finish is stale.
+            if t_fail < remaining or self.runtime is not None:
                 node = self.rng.choice(sorted(set(containers.values())))
                 self.push(now + t_fail, FAIL, (am.job_id, self._token, node))
         self.dirty[am.job_id] = None
 
     # ------------------------------------------------------------ learners ending
 
-    def learners_done(self, job_id: str, token: int, now: float) -> None:
+    def learners_done(self, job_id: str, token: int, seq: int, now: float) -> None:
         am = self.ams.get(job_id)          # a stale event: the job may have ended another way meanwhile
-        if am is None or am.run is None or am.run.token != token or am.run.ended:
+        if am is None or am.run is None or am.run.token != token or am.run.ended or am.run.finish_seq != seq:
             return
         by_node: dict[str, list[str]] = {}
         for cid, node in am.run.containers.items():
@@ -534,7 +569,10 @@ class Engine:
         am = self.ams.get(job_id)
         if am is not None and am.run is not None and cid in am.run.containers and not am.run.ended:
             am.run.ended = True                           # the attempt's work stops with its first learner
-            am.progress_s += now - am.run.start
+            if self.runtime is None:
+                am.progress_s += now - am.run.start       # instant checkpoints: every second counts
+            else:
+                self.end_timed(am, self.runtime, report, now)
         self.report(node, [report], now)
         self.dirty[job_id] = None
         waiting = self.beneficiary.pop(job_id, None)
@@ -556,6 +594,95 @@ class Engine:
 
     def report(self, node_id: str, reports: list[ContainerReport], now: float) -> None:
         self.core.node_heartbeat(node_id, node_id, reports, now)
+
+    # ------------------------------------------------------------ the `placement` run-time model
+
+    def start_timed(self, am: SimAM, config: RuntimeConfig, now: float) -> None:
+        """An attempt starts under the `placement` model: its rate, its neighbours' (it now shares their links),
+        and its FINISH event."""
+        run = am.run
+        assert run is not None
+        run.productive_from = now + (config.restart_cost_s if am.restart_after else 0.0)
+        run.accounted_at = now
+        nodes = tuple(sorted(set(run.containers.values())))
+        run.racks = len({self.rack_of[n] for n in nodes})
+        touched: dict[str, None] = {am.job_id: None}
+        if len(nodes) > 1:
+            run.nodes = nodes
+            for n in nodes:
+                jobs = self.on_server.setdefault(n, {})
+                touched.update(jobs)
+                jobs[am.job_id] = None
+        self.retime(touched, config, now)
+
+    def end_timed(self, am: SimAM, config: RuntimeConfig, report: ContainerReport, now: float) -> None:
+        """An attempt's work stops: keep what it finished or checkpointed, count what was lost, and re-time the
+        jobs that shared its servers."""
+        run = am.run
+        assert run is not None
+        self.accrue(am, run, now)
+        gpus = am.trace.gpus
+        restart_s = min(now, run.productive_from) - run.start
+        finished = (report.state == "EXITED" and report.exit_code == 0 and not report.stopped
+                    and not report.infra_failure)
+        if finished:
+            am.progress_s = am.trace.duration_s
+            wasted = restart_s
+        else:
+            productive = now - run.productive_from
+            saved = checkpointed(productive, config.checkpoint_interval_s)
+            am.progress_s = min(am.trace.duration_s, am.progress_s + work_at(run, run.productive_from + saved))
+            wasted = restart_s + max(0.0, productive - saved)
+        cause = am.restart_after               # the restart paid in this attempt was caused by the last interruption
+        if not finished:
+            am.restart_after = "failure" if report.infra_failure else "preemption"
+        # Restart time is charged to what caused it; work lost since the checkpoint to what ended this attempt.
+        lost_restart = max(0.0, restart_s) * gpus
+        lost_work = (wasted - max(0.0, restart_s)) * gpus
+        for what, gpu_s in ((cause, lost_restart), ("" if finished else am.restart_after, lost_work)):
+            if what == "failure":
+                am.lost_failure_gpu_s += gpu_s
+            elif what == "preemption":
+                am.lost_preemption_gpu_s += gpu_s
+        touched: dict[str, None] = {}
+        for n in run.nodes:
+            jobs = self.on_server.get(n)
+            if jobs is not None:
+                jobs.pop(am.job_id, None)
+                touched.update(jobs)
+        run.nodes = ()
+        self.retime(touched, config, now)
+
+    def accrue(self, am: SimAM, run: Run, now: float) -> None:
+        """Count the work done at the current rate up to now."""
+        begin = max(run.accounted_at, run.productive_from)
+        if now > begin:
+            run.work += (now - begin) * run.rate
+            am.run_s += now - begin
+            am.slow_s += (now - begin) / run.rate
+        run.accounted_at = max(run.accounted_at, now)
+
+    def retime(self, job_ids: dict[str, None], config: RuntimeConfig, now: float) -> None:
+        """Recompute the rate of these running jobs and move their FINISH events to match."""
+        view = self.view()
+        for job_id in job_ids:
+            am = self.ams.get(job_id)
+            run = am.run if am is not None else None
+            if am is None or run is None or run.ended:
+                continue
+            gpus = am.trace.gpus
+            servers = max(len(run.nodes), 1)
+            neighbours = max((len(self.on_server[n]) - 1 for n in run.nodes), default=0)
+            new_rate = rate(config, am.sensitivity, servers, view.fewest_servers(gpus), run.racks,
+                            _fewest(gpus, self._rack_sizes), neighbours)
+            if run.breaks and new_rate == run.rate:
+                continue
+            self.accrue(am, run, now)
+            run.rate = new_rate
+            run.breaks.append((now, run.work, new_rate))
+            left = max(0.0, am.trace.duration_s - am.progress_s - run.work)
+            run.finish_seq += 1
+            self.push(max(now, run.productive_from) + left / new_rate, FINISH, (job_id, run.token, run.finish_seq))
 
     # ------------------------------------------------------------ preemption checks
 
@@ -623,7 +750,10 @@ class Engine:
             preemptions=preemptions, retries=max(0, retries),
             servers=len(last.learners) if last is not None and last.learners else 0,
             fewest_servers=view.fewest_servers(am.trace.gpus), gpu_seconds_served=job.attained_gpu_s,
-            state=job.state.name if now is not None else "UNFINISHED")
+            state=job.state.name if now is not None else "UNFINISHED", sensitivity=am.sensitivity,
+            run_s=am.run_s if self.runtime is not None else am.progress_s,
+            slowdown=am.slow_s / am.run_s if self.runtime is not None and am.run_s > 0 else 1.0,
+            lost_preemption_gpu_s=am.lost_preemption_gpu_s, lost_failure_gpu_s=am.lost_failure_gpu_s)
 
     def finish_unfinished(self) -> None:
         for am in list(self.ams.values()):
@@ -647,6 +777,26 @@ class Engine:
         self.timeline.allocated.append(sum(snapshot))
         for q, v in zip(leaves, snapshot, strict=True):
             self.timeline.per_queue[q].append(v)
+
+
+def work_at(run: Run, t: float) -> float:
+    """The work an attempt had done at time t (not after the last accrual): rates are constant between breaks."""
+    work = 0.0
+    for at, done, r in run.breaks:
+        if at > t:
+            break
+        work = done + max(0.0, t - max(at, run.productive_from)) * r
+    return work
+
+
+def _fewest(gpus: int, sizes: list[int]) -> int:
+    """The fewest of these (racks') sizes, largest first, that add up to gpus."""
+    total = 0
+    for k, size in enumerate(sizes, start=1):
+        total += size
+        if total >= gpus:
+            return k
+    return max(len(sizes), 1)
 
 
 def _update(a: AttemptRecord) -> AttemptUpdate:

@@ -15,6 +15,22 @@ Definitions used in `summary.json`:
   all are 0 when nothing was allocated).
 - `queue_by_size` is the average queueing delay of finished jobs of 1, 2-4, 5-8 and more than 8 GPUs.
 - `load_factor` is the offered GPU-time over capacity x the span of submissions.
+- `locality_by_size`: `locality` for finished jobs of 2-4, 5-8, 9-16 and 17+ GPUs (`LOCALITY_CLASSES`; null
+  where there are none); `queue_by_class` / `jobs_by_class`: average queueing delay and count of finished jobs
+  for 1 GPU and the same classes.
+- `mean_slowdown`: the time-weighted mean placement slowdown: the sum over jobs of the integral of 1 / rate over
+  the time their learners made progress, divided by that time (1.0: everything ran at full speed, as always
+  under the `ideal` run-time model); `mean_slowdown_multi_server`: the same over jobs whose last placement spanned
+  more than one server (null when none).
+- `gpu_hours_lost_preemption` / `gpu_hours_lost_failures`: GPU-time held without producing kept work, because of
+  preemption or infrastructure failures: the work since the last checkpoint of an interrupted attempt plus the
+  restart cost of the attempt after it (0 under `ideal`, whose checkpoints are instant and restarts free).
+- `avg_jct_excess_s` / `p50_jct_excess_s` / `p99_jct_excess_s`: JCT minus the trace's run time, over finished
+  jobs: everything a job lost to waiting, slow placements and preemption.
+- Fairness (time each queue spent below its fair share while it had demand) is not reported: the fair share
+  depends on every queue's demand at each instant, which the engine would have to recompute from the queue tree
+  after every settle (the RM computes it only for the queues it schedules); `per_queue[q].gpu_time_share`
+  against the queue's weight is the cheap proxy.
 
 Nothing here imports matplotlib: plots live in `plots.py`, so reading a summary stays cheap.
 """
@@ -34,6 +50,7 @@ log = logging.getLogger(__name__)
 
 STATES = ("SUCCEEDED", "FAILED", "KILLED", "REJECTED", "UNFINISHED")
 SIZE_CLASSES = ("1", "2-4", "5-8", ">8")
+LOCALITY_CLASSES = ("2-4", "5-8", "9-16", "17+")   # multi-GPU jobs, by how many 8-GPU servers they need
 SUMMARY_FILE = "summary.json"
 JOBS_FILE = "jobs.csv"
 QUEUE_TIMELINE_FILE = "queue_timeline.csv"
@@ -56,6 +73,29 @@ def size_class(gpus: int) -> str:
     return ">8"
 
 
+def locality_class(gpus: int) -> str:
+    """The class of a job in LOCALITY_CLASSES, or "1" for a one-GPU job."""
+    if gpus <= 1:
+        return "1"
+    if gpus <= 4:
+        return "2-4"
+    if gpus <= 8:
+        return "5-8"
+    if gpus <= 16:
+        return "9-16"
+    return "17+"
+
+
+def _share_packed(jobs: Sequence[JobResult]) -> float | None:
+    placed = [r for r in jobs if r.servers > 0]
+    return sum(1 for r in placed if r.servers <= r.fewest_servers) / len(placed) if placed else None
+
+
+def _weighted_slowdown(jobs: Sequence[JobResult]) -> float | None:
+    run = math.fsum(r.run_s for r in jobs)
+    return math.fsum(r.slowdown * r.run_s for r in jobs) / run if run > 0 else None
+
+
 @dataclass
 class JobResult:
     job_id: str
@@ -72,6 +112,12 @@ class JobResult:
     fewest_servers: int  # the fewest servers it could have used in this cluster
     gpu_seconds_served: float  # GPU-seconds it actually ran, lost work of failed / preempted attempts included
     state: str  # one of STATES
+    # The run-time model's figures (sim/runtime.py); under `ideal` a job runs at full speed and loses nothing.
+    sensitivity: float = 0.0  # its locality sensitivity (0 under `ideal`)
+    run_s: float = 0.0  # seconds its learners made progress (restarts excluded), all attempts
+    slowdown: float = 1.0  # run_s-weighted mean of 1 / rate over them (1 = full speed)
+    lost_preemption_gpu_s: float = 0.0  # GPU-time lost to preemption (work since the checkpoint, restarts)
+    lost_failure_gpu_s: float = 0.0  # the same for infrastructure failures
 
     @property
     def finished(self) -> bool:
@@ -195,8 +241,11 @@ def summarize(results: list[JobResult], timeline: Timeline, capacity_gpus: int, 
                     utilization)
 
     placed_multi = [r for r in done if r.gpus > 1 and r.servers > 0]
-    locality = (sum(1 for r in placed_multi if r.servers <= r.fewest_servers) / len(placed_multi)
-                if placed_multi else None)
+    locality = _share_packed(placed_multi)
+    by_class: dict[str, list[JobResult]] = {c: [] for c in ("1", *LOCALITY_CLASSES)}
+    for r in done:
+        by_class[locality_class(r.gpus)].append(r)
+    excess = sorted(r.finish_s - r.submit_s - r.duration_s for r in done if r.finish_s is not None)
 
     queue_gpu_s: dict[str, float] = {}
     for name, gpu_s in timeline.queue_integrals(first_submit, last_finish).items():
@@ -243,6 +292,16 @@ def summarize(results: list[JobResult], timeline: Timeline, capacity_gpus: int, 
         "per_queue": per_queue,
         "queue_by_size": {c: _mean(v) for c, v in by_size.items()},
         "jobs_by_size": {c: len(v) for c, v in by_size.items()},
+        "locality_by_size": {c: _share_packed(by_class[c]) for c in LOCALITY_CLASSES},
+        "queue_by_class": {c: _mean([r.queue_s for r in v]) for c, v in by_class.items()},
+        "jobs_by_class": {c: len(v) for c, v in by_class.items()},
+        "mean_slowdown": _weighted_slowdown(results),
+        "mean_slowdown_multi_server": _weighted_slowdown([r for r in results if r.servers > 1]),
+        "gpu_hours_lost_preemption": math.fsum(r.lost_preemption_gpu_s for r in results) / 3600.0,
+        "gpu_hours_lost_failures": math.fsum(r.lost_failure_gpu_s for r in results) / 3600.0,
+        "avg_jct_excess_s": _mean(excess),
+        "p50_jct_excess_s": percentile(excess, 50),
+        "p99_jct_excess_s": percentile(excess, 99),
         "percentiles": "nearest-rank",
         "wall_s": wall_s,
     }
@@ -273,6 +332,7 @@ def write_summary(out: Path, summary: Mapping[str, object]) -> None:
 
 _JOB_COLUMNS = [f.name for f in fields(JobResult)]
 _DERIVED_COLUMNS = ["queue_s", "jct_s"]
+_RUNTIME_COLUMNS = ("sensitivity", "run_s", "slowdown", "lost_preemption_gpu_s", "lost_failure_gpu_s")
 
 
 def _cell(value: object) -> str:
@@ -298,7 +358,7 @@ def read_jobs_csv(path: Path) -> list[JobResult]:
     results: list[JobResult] = []
     with path.open(encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f)
-        missing = [c for c in _JOB_COLUMNS if c not in (reader.fieldnames or [])]
+        missing = [c for c in _JOB_COLUMNS if c not in (reader.fieldnames or []) and c not in _RUNTIME_COLUMNS]
         if missing:
             raise ValueError(f"{path}:1: header: missing column(s) {', '.join(missing)}")
         for row in reader:
@@ -309,7 +369,7 @@ def read_jobs_csv(path: Path) -> list[JobResult]:
                 duration_s=cell.number("duration_s"), attempts=cell.count("attempts"),
                 preemptions=cell.count("preemptions"), retries=cell.count("retries"), servers=cell.count("servers"),
                 fewest_servers=cell.count("fewest_servers"), gpu_seconds_served=cell.number("gpu_seconds_served"),
-                state=row["state"],
+                state=row["state"], **cell.optional_fields(),
             ))
     return results
 
@@ -333,6 +393,10 @@ class _CellReader:
 
     def optional(self, column: str) -> float | None:
         return self.number(column) if self.row[column] else None
+
+    def optional_fields(self) -> dict[str, float]:
+        """The run-time model's columns, where the file has them (files written before them keep defaults)."""
+        return {c: self.number(c) for c in _RUNTIME_COLUMNS if self.row.get(c)}
 
     def count(self, column: str) -> int:
         try:

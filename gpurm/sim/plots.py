@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpurm.sim.metrics import SIZE_CLASSES, JobResult, Timeline, queue_key, size_class
+from gpurm.sim.metrics import LOCALITY_CLASSES, SIZE_CLASSES, JobResult, Timeline, locality_class, queue_key, size_class
 
 if TYPE_CHECKING:
     import numpy as np
@@ -25,20 +25,26 @@ log = logging.getLogger(__name__)
 MAX_POINTS = 5000  # a 14-day replay has far more allocation changes than a figure has pixels
 TOP_QUEUES_CDF = 5
 TOP_QUEUES_SHARES = 8
-PLOT_FILES = ("jct_cdf.png", "queue_delay_by_size.png", "utilization.png", "queue_shares.png")
+PLOT_FILES = ("jct_cdf.png", "queue_delay_by_size.png", "utilization.png", "queue_shares.png", "locality.png")
+SLOWDOWN_FILE = "slowdown_cdf.png"   # only under the `placement` run-time model (under `ideal` every job runs at 1)
 
 
-def write_plots(out: Path, results: list[JobResult], timeline: Timeline, capacity_gpus: int) -> list[Path]:
-    """Write jct_cdf.png, queue_delay_by_size.png, utilization.png and queue_shares.png into `out`."""
+def write_plots(out: Path, results: list[JobResult], timeline: Timeline, capacity_gpus: int,
+                placement: bool = False) -> list[Path]:
+    """Write PLOT_FILES into `out`, and SLOWDOWN_FILE when the run used the `placement` run-time model."""
     out.mkdir(parents=True, exist_ok=True)
     end = _end_time(results, timeline)
-    figures = [_figure() for _ in range(4)]
+    names = [*PLOT_FILES, *([SLOWDOWN_FILE] if placement else [])]
+    figures = [_figure() for _ in names]
     _jct_cdf(figures[0], results)
     _delay_by_size(figures[1], results)
     _utilization(figures[2], timeline, capacity_gpus, end)
     _queue_shares(figures[3], timeline, end)
+    _locality(figures[4], results)
+    if placement:
+        _slowdown_cdf(figures[5], results)
     written = []
-    for name, fig in zip(PLOT_FILES, figures, strict=True):
+    for name, fig in zip(names, figures, strict=True):
         path = out / name
         fig.savefig(path, dpi=100)
         written.append(path)
@@ -120,6 +126,57 @@ def _delay_by_size(fig: Figure, results: Sequence[JobResult]) -> None:
         ax.annotate(f"n={len(values)}" if values else "no jobs", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     ha="center", va="bottom", fontsize="small", xytext=(0, 2), textcoords="offset points")
     ax.grid(True, axis="y", alpha=0.3)
+
+
+def _locality(fig: Figure, results: Sequence[JobResult]) -> None:
+    """Share of finished multi-GPU jobs on the fewest servers, and their average queueing delay, by size."""
+    left, right = fig.subplots(1, 2)
+    left.set_title("Placed on the fewest servers")
+    left.set_xlabel("GPUs per job")
+    left.set_ylabel("share of finished jobs")
+    right.set_title("Average queueing delay")
+    right.set_xlabel("GPUs per job")
+    groups: dict[str, list[JobResult]] = {c: [] for c in LOCALITY_CLASSES}
+    for r in results:
+        if r.finish_s is not None and r.servers > 0 and r.gpus > 1:
+            groups[locality_class(r.gpus)].append(r)
+    shares = [sum(1 for r in v if r.servers <= r.fewest_servers) / len(v) if v else 0.0 for v in groups.values()]
+    bars = left.bar(list(LOCALITY_CLASSES), shares, color="tab:green")
+    for bar, v in zip(bars, groups.values(), strict=True):
+        left.annotate(f"n={len(v)}" if v else "no jobs", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                      ha="center", va="bottom", fontsize="small", xytext=(0, 2), textcoords="offset points")
+    left.set_ylim(0, 1.1)
+    means = [math.fsum(r.queue_s for r in v) / len(v) if v else 0.0 for v in groups.values()]
+    unit, scale = _time_unit(max(means, default=0.0))
+    right.set_ylabel(f"average queueing delay ({unit})")
+    right.bar(list(LOCALITY_CLASSES), [m / scale for m in means], color="tab:blue")
+    for ax in (left, right):
+        ax.grid(True, axis="y", alpha=0.3)
+
+
+def _slowdown_cdf(fig: Figure, results: Sequence[JobResult]) -> None:
+    """Per-job placement slowdown (run time-weighted mean of 1 / rate), CDF by size class."""
+    import numpy as np
+
+    ax = fig.subplots()
+    ax.set_title("Placement slowdown per job (CDF; 1 = full speed)")
+    ax.set_xlabel("slowdown (mean of 1 / rate over the job's run time)")
+    ax.set_ylabel("fraction of jobs")
+    groups: dict[str, list[float]] = {}
+    for r in results:
+        if r.run_s > 0 and r.gpus > 1:
+            groups.setdefault(locality_class(r.gpus), []).append(r.slowdown)
+    if not groups:
+        _no_data(ax, "multi-GPU jobs that ran")
+        return
+    for c in LOCALITY_CLASSES:
+        if c in groups:
+            x = np.sort(np.asarray(groups[c], dtype=float))
+            y = np.arange(1, len(x) + 1) / len(x)
+            ax.step(x, y, where="post", label=f"{c} GPUs (n={len(x)})")
+    ax.set_ylim(0, 1.02)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right", fontsize="small")
 
 
 def _time_unit(seconds: float) -> tuple[str, float]:

@@ -12,6 +12,7 @@ Output directory (`--out DIR`, created if missing):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from gpurm.queues.tree import Policy, QueueDef, QueueTree
 from gpurm.sim import metrics
 from gpurm.sim.clusterspec import SimServer, parse_cluster, total_gpus
 from gpurm.sim.engine import Engine, SimOptions, SimResult
+from gpurm.sim.runtime import RuntimeConfig, RuntimeModel, load_config
 from gpurm.sim.trace import Trace, load_trace
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,10 @@ class SimRequest:
     failures_per_1000_gpu_h: float = 0.0
     seed: int = 0
     plots: bool = True
+    runtime_model: RuntimeModel = RuntimeModel.PLACEMENT
+    runtime_config: Path | None = None       # a YAML file of RuntimeConfig fields (placement only)
+    checkpoint_interval_s: float | None = None   # these two override the config's
+    restart_cost_s: float | None = None
 
 
 @dataclass
@@ -108,13 +114,38 @@ def load_inputs(req: SimRequest) -> tuple[Trace, list[SimServer], QueueTree]:
     return trace, servers, tree
 
 
+def runtime_config(req: SimRequest) -> RuntimeConfig | None:
+    """The `placement` model's constants (None for `ideal`); SimInputError naming the option when one is bad."""
+    if req.checkpoint_interval_s is not None and not req.checkpoint_interval_s > 0:
+        raise SimInputError(f"--checkpoint-interval: must be positive, got {req.checkpoint_interval_s:g}")
+    if req.restart_cost_s is not None and not req.restart_cost_s >= 0:
+        raise SimInputError(f"--restart-cost: must be at least 0, got {req.restart_cost_s:g}")
+    try:
+        config = load_config(req.runtime_config) if req.runtime_config is not None else RuntimeConfig()
+    except ValueError as exc:
+        raise SimInputError(f"--runtime-config: {exc}") from None
+    if req.runtime_model is RuntimeModel.IDEAL:
+        if req.runtime_config is not None or req.checkpoint_interval_s is not None or req.restart_cost_s is not None:
+            raise SimInputError("--runtime-model: ideal takes no --runtime-config, --checkpoint-interval or "
+                                "--restart-cost (it runs at full speed with instant checkpoints)")
+        return None
+    changes: dict[str, float] = {}
+    if req.checkpoint_interval_s is not None:
+        changes["checkpoint_interval_s"] = req.checkpoint_interval_s
+    if req.restart_cost_s is not None:
+        changes["restart_cost_s"] = req.restart_cost_s
+    return dataclasses.replace(config, **changes) if changes else config
+
+
 def run(req: SimRequest, progress: Progress | None = None) -> SimOutcome:
     """Simulate and write every output file. Raises SimInputError (or TraceError / ValueError from the loaders)
     before anything is simulated when an input is bad."""
     if req.failures_per_1000_gpu_h < 0:
         raise SimInputError(f"--failures: must be at least 0, got {req.failures_per_1000_gpu_h:g}")
+    config = runtime_config(req)
     trace, servers, tree = load_inputs(req)
-    options = SimOptions(policy=req.policy, failures_per_1000_gpu_h=req.failures_per_1000_gpu_h, seed=req.seed)
+    options = SimOptions(policy=req.policy, failures_per_1000_gpu_h=req.failures_per_1000_gpu_h, seed=req.seed,
+                         runtime=config)
     engine = Engine(trace, servers, tree, options)
     result = engine.run(progress)
     capacity = total_gpus(servers)
@@ -126,7 +157,9 @@ def run(req: SimRequest, progress: Progress | None = None) -> SimOutcome:
         "seed": req.seed, "trace_rows_fixed": len(trace.fixed), "trace_rows_skipped": len(trace.skipped),
     }
     summary = metrics.summarize(result.results, result.timeline, capacity, load, result.wall_s,
-                                extra={"inputs": inputs, "events": result.events})
+                                extra={"inputs": inputs, "events": result.events,
+                                       "runtime": {"model": req.runtime_model.value,
+                                                   **(dataclasses.asdict(config) if config else {})}})
     req.out.mkdir(parents=True, exist_ok=True)
     metrics.write_summary(req.out, summary)
     metrics.write_jobs_csv(req.out, result.results)
@@ -134,5 +167,6 @@ def run(req: SimRequest, progress: Progress | None = None) -> SimOutcome:
     files = [req.out / metrics.SUMMARY_FILE, req.out / metrics.JOBS_FILE, req.out / metrics.QUEUE_TIMELINE_FILE]
     if req.plots:
         from gpurm.sim.plots import write_plots  # matplotlib is slow to import: only when plotting
-        files += write_plots(req.out, result.results, result.timeline, capacity)
+        files += write_plots(req.out, result.results, result.timeline, capacity,
+                             placement=config is not None)
     return SimOutcome(summary, result, trace, files)

@@ -94,6 +94,9 @@ class TraceJob:
     user: str = ""
     name: str = ""
     line: int = 0  # 1-based line (or JSON array index + 1) it came from
+    # Locality sensitivity for the `placement` run-time model (sim/runtime.py), 0 (indifferent) to 1 (VGG-like).
+    # None: from the model name, else the configured mix. The hook for a job spec's locality setting.
+    sensitivity: float | None = None
 
 
 @dataclass

@@ -15,6 +15,7 @@ from gpurm.sim import metrics
 from gpurm.sim.clusterspec import parse_cluster, total_gpus
 from gpurm.sim.engine import Engine, SimOptions
 from gpurm.sim.run import trace_tree
+from gpurm.sim.runtime import RuntimeConfig, RuntimeModel
 from gpurm.sim.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +43,15 @@ def main() -> int:
                         help="policies to run (repeatable; default fifo, las and srtf)")
     parser.add_argument("--jobs", type=int, default=0, help="only the first N jobs (default: all)")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--runtime-model", choices=[m.value for m in RuntimeModel], default="ideal",
+                        help="the run-time model (default ideal, the figures this benchmark has always printed)")
+    parser.add_argument("--scale", action="store_true",
+                        help="replay the first 10k, 20k, 40k and 80k jobs (as many as the trace has) with the "
+                             "first --policy (default fifo) and print jobs/s at each size and the growth")
     args = parser.parse_args()
+    config = RuntimeConfig() if args.runtime_model == "placement" else None
+    if args.scale:
+        return scale(args, config)
 
     t0 = time.perf_counter()
     trace = load_trace(Path(args.trace), "philly-csv")
@@ -57,7 +66,7 @@ def main() -> int:
     print(f"hot paths: {native.status().reason}")
     results = {}
     for name in args.policy or ["fifo", "las", "srtf"]:
-        engine = Engine(trace, servers, trace_tree(trace.queues()), SimOptions(policy=Policy(name)))
+        engine = Engine(trace, servers, trace_tree(trace.queues()), SimOptions(policy=Policy(name), runtime=config))
         res = engine.run()
         summary = metrics.summarize(res.results, res.timeline, capacity, load, res.wall_s)
         floor = bare_event_loop(res.events)
@@ -73,6 +82,37 @@ def main() -> int:
             print(f"  {key:<16} {shown}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+SCALE_SIZES = (10_000, 20_000, 40_000, 80_000)
+
+
+def scale(args: argparse.Namespace, config: RuntimeConfig | None) -> int:
+    """Jobs/s for the first N jobs of the trace, and the growth of the per-job cost from the smallest size to the
+    largest (1.0: linear; 2.0: each job costs twice as much at the largest size)."""
+    full = load_trace(Path(args.trace), "philly-csv")
+    servers = parse_cluster(args.cluster)
+    policy = Policy((args.policy or ["fifo"])[0])
+    sizes = [n for n in SCALE_SIZES if n < len(full.jobs)] + [len(full.jobs)]
+    sizes = sorted(set(sizes))[:len(SCALE_SIZES)]
+    if len(full.jobs) < SCALE_SIZES[-1]:
+        print(f"the trace has {len(full.jobs)} jobs, fewer than {SCALE_SIZES[-1]}: the largest size is all of them")
+    print(f"hot paths: {native.status().reason}; policy {policy.value}; cluster {args.cluster}; run-time model "
+          f"{args.runtime_model}")
+    per_job: dict[int, float] = {}
+    rows = []
+    for n in sizes:
+        trace = dataclasses.replace(full, jobs=full.jobs[:n])
+        res = Engine(trace, servers, trace_tree(trace.queues()), SimOptions(policy=policy, runtime=config)).run()
+        per_job[n] = res.wall_s / n
+        rows.append({"jobs": n, "wall_s": res.wall_s, "jobs_per_s": n / res.wall_s, "events": res.events})
+        print(f"  {n:>6} jobs: {res.wall_s:7.1f}s wall, {n / res.wall_s:8,.0f} jobs/s, {res.events} events")
+    growth = per_job[sizes[-1]] / per_job[sizes[0]]
+    print(f"growth: the per-job cost at {sizes[-1]} jobs is {growth:.2f}x that at {sizes[0]} "
+          f"({sizes[-1] / sizes[0]:.1f}x the jobs; 1.0 = linear)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"sizes": rows, "growth": growth}, indent=2) + "\n")
     return 0
 
 

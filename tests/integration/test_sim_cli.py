@@ -99,3 +99,28 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     r = gpurm("sim", "--trace", str(big), "--format", "jsonl", "--cluster", "1x2x8", "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "64" in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_runtime_model_flags(tmp_path: Path) -> None:
+    trace = write_jsonl(tmp_path / "t.jsonl", JOBS)
+    base = ("sim", "--trace", str(trace), "--format", "jsonl", "--cluster", "1x2x8", "--no-plots", "-o", "json")
+    r = gpurm(*base, "--out", str(tmp_path / "p"), "--checkpoint-interval", "10m", "--restart-cost", "30s")
+    assert r.returncode == 0, r.stderr
+    runtime = json.loads(r.stdout)["runtime"]
+    assert runtime["model"] == "placement"
+    assert runtime["checkpoint_interval_s"] == 600 and runtime["restart_cost_s"] == 30
+    r = gpurm(*base, "--out", str(tmp_path / "i"), "--runtime-model", "ideal")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["runtime"] == {"model": "ideal"}
+    config = tmp_path / "rt.yaml"
+    config.write_text("rack_factor: 2\n")
+    for flags, named in ((("--checkpoint-interval", "0"), "--checkpoint-interval"),
+                         (("--checkpoint-interval", "soon"), "--checkpoint-interval"),
+                         (("--restart-cost", "-5"), "--restart-cost"),
+                         (("--runtime-model", "fast"), "--runtime-model"),
+                         (("--runtime-config", str(config)), "rack_factor"),
+                         (("--runtime-config", str(tmp_path / "none.yaml")), "--runtime-config"),
+                         (("--runtime-model", "ideal", "--restart-cost", "5"), "--runtime-model")):
+        r = gpurm(*base, "--out", str(tmp_path / "bad"), *flags)
+        assert r.returncode == 2, (flags, r.stdout, r.stderr)
+        assert named in r.stderr, (flags, r.stderr)

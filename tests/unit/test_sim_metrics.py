@@ -187,15 +187,17 @@ def test_plots_are_pngs(tmp_path: Path) -> None:
     results, timeline = hand_built()
     paths = write_plots(tmp_path / "plots", results, timeline, CAPACITY)
     assert [p.name for p in paths] == ["jct_cdf.png", "queue_delay_by_size.png", "utilization.png",
-                                       "queue_shares.png"]
+                                       "queue_shares.png", "locality.png"]
     for p in paths:
         assert p.read_bytes()[:8] == PNG_SIGNATURE
+    placement = write_plots(tmp_path / "placement", results, timeline, CAPACITY, placement=True)
+    assert placement[-1].name == "slowdown_cdf.png" and placement[-1].read_bytes()[:8] == PNG_SIGNATURE
 
 
 def test_plots_of_an_empty_run(tmp_path: Path) -> None:
     from gpurm.sim.plots import write_plots
 
-    for p in write_plots(tmp_path, [], Timeline(), CAPACITY):
+    for p in write_plots(tmp_path, [], Timeline(), CAPACITY, placement=True):
         assert p.read_bytes()[:8] == PNG_SIGNATURE
 
 
