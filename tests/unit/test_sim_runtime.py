@@ -20,6 +20,7 @@ from gpurm.sim.trace import Trace, TraceJob
 
 PHILLY = 28.56 / 43.66       # a sensitive 16-GPU job on 8 servers vs 2 (Philly ATC'19)
 CFG = RuntimeConfig()
+HEAVY = RuntimeConfig(contention_per_job=1.0)     # one neighbour halves the rate: round numbers for the tests
 LONG = Locality(timeout_s=1e7)
 
 # ----------------------------------------------------------------------------------------- the pure model
@@ -50,8 +51,10 @@ def test_extra_racks_cost_the_rack_factor_each() -> None:
 
 def test_contention_divides_by_one_plus_the_neighbours() -> None:
     # Packed, but two other multi-server jobs share its busiest server: 1 / (1 + 1.0 x 2).
-    assert rate(CFG, 1.0, 2, 2, 1, 1, 2) == pytest.approx(1 / 3)
-    assert rate(CFG, 0.5, 2, 2, 1, 1, 1) == pytest.approx(1 / 1.5)
+    assert rate(HEAVY, 1.0, 2, 2, 1, 1, 2) == pytest.approx(1 / 3)
+    assert rate(HEAVY, 0.5, 2, 2, 1, 1, 1) == pytest.approx(1 / 1.5)
+    # The default: a server's 7 other multi-server jobs slow a sensitive job 2.75-fold ("several-fold").
+    assert 1 / rate(CFG, 1.0, 2, 2, 1, 1, 7) == pytest.approx(2.75)
 
 
 def test_a_one_server_job_never_slows() -> None:
@@ -142,9 +145,9 @@ def test_the_ideal_model_ignores_the_spread() -> None:
 
 def test_jobs_sharing_a_server_slow_each_other_until_one_ends() -> None:
     # Three 8-GPU servers. A and B (12 GPUs each, both packed on their fewest 2 servers) share the middle one:
-    # each runs at 1 / (1 + 1). B's 500 s of work end at 1000; A has done 500 of its 1000 by then and runs the
-    # rest alone at full speed: it ends at 1500.
-    result = simulate(trace_of(("A", 0.0, 12, 1000.0, 1.0), ("B", 0.0, 12, 500.0, 1.0)), "1x3x8",
+    # each runs at 1 / (1 + 1) with contention 1.0. B's 500 s of work end at 1000; A has done 500 of its 1000 by
+    # then and runs the rest alone at full speed: it ends at 1500.
+    result = simulate(trace_of(("A", 0.0, 12, 1000.0, 1.0), ("B", 0.0, 12, 500.0, 1.0)), "1x3x8", config=HEAVY,
                       policy=Policy.FIFO, locality=LONG)
     jobs = by_id(result)
     assert jobs["A"].servers == 2 == jobs["B"].servers
