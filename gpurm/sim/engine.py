@@ -12,6 +12,10 @@ planning is woken only when enough GPUs may have come free for it (an index of p
 planner answers most "does anything fit" questions from the view's aggregates alone. The shared view is updated
 from the servers that changed, and waking skips AMs that are only waiting out a back-off with its timer armed.
 None of this changes what the RM or any AM decides: the same inputs give the same results as driving every AM.
+
+Why it is over 500 lines: it plays every part the daemons play (agents, AM shells, the RM's timers) inside one
+event loop whose handlers share the job table and the event heap; what stands alone is out: the run-time model
+(runtime.py), the traces (trace.py), the metrics (metrics.py), the cluster shapes (clusterspec.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every loader yields jobs with `submit_s` counted from the trace's first submission (the earliest job submits at
 0.0), sorted by (submit_s, line). A malformed row stops loading with a `TraceError` whose message reads
 `<file>:<line>: <field>: <reason>`; only the first bad row is reported, because after one bad row the rest of a
-file is rarely worth reading.
+file is rarely worth reading. (Just over 500 lines: four formats, each documented here beside its loader.)
 
 Formats (`--format`):
 
