@@ -11,6 +11,7 @@ from gpurm.cli.client import CliError
 from gpurm.cli.output import print_json, table
 from gpurm.queues.fields import format_duration, parse_duration
 from gpurm.queues.tree import Policy
+from gpurm.sim.engine import RelaxPolicy
 from gpurm.sim.metrics import LOCALITY_CLASSES, SIZE_CLASSES
 from gpurm.sim.run import SimInputError, SimRequest, run
 from gpurm.sim.runtime import RuntimeModel
@@ -48,6 +49,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restart-cost", metavar="DURATION",
                    help="placement model: time an attempt after an interruption spends before making progress "
                         "(e.g. 60, 2m); default 60s")
+    p.add_argument("--relax", choices=[r.value for r in RelaxPolicy], default=RelaxPolicy.TIMEOUT.value,
+                   help="how every AM trades waiting for locality against running spread: timeout (default: wait "
+                        "the locality timeout at each level), cost (wait while the expected wait is below the run "
+                        "time locality saves; the trace's duration as the run time), never (every job strict), "
+                        "immediate (every job locality any)")
     p.add_argument("--out", required=True, metavar="DIR", help="where summary.json, jobs.csv and the plots go")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots (faster)")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table",
@@ -67,7 +73,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
                      failures_per_1000_gpu_h=args.failures, seed=args.seed, plots=not args.no_plots,
                      runtime_model=RuntimeModel(args.runtime_model),
                      runtime_config=Path(args.runtime_config) if args.runtime_config else None,
-                     checkpoint_interval_s=checkpoint, restart_cost_s=restart)
+                     checkpoint_interval_s=checkpoint, restart_cost_s=restart, relax=RelaxPolicy(args.relax))
     progress = _Progress()
     try:
         outcome = run(req, progress)

@@ -20,6 +20,8 @@ event loop whose handlers share the job table and the event heap; what stands al
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import gc
 import heapq
 import logging
@@ -32,11 +34,12 @@ from typing import cast
 
 from gpurm.am.master import AttemptRecord, Ended, Held, Launch, Master, Phase, Stop
 from gpurm.am.placement import ServerView, View
+from gpurm.am.relax import CostRelax
 from gpurm.queues.tree import Policy, QueueTree
 from gpurm.rm import priority
 from gpurm.rm.cluster import GpuRecord
 from gpurm.rm.core import RMCore
-from gpurm.rm.jobspec import JobSpec, Locality
+from gpurm.rm.jobspec import JobSpec, Locality, LocalityMode
 from gpurm.rm.messages import AttemptUpdate, ContainerReport, LaunchAM, NodeRegistration, RequestError, RMSettings
 from gpurm.rm.model import Container, ContainerKind, ExitKind, JobState
 from gpurm.rm.scheduler import Ask
@@ -59,6 +62,15 @@ IdleKey = tuple[tuple[float, float, int], int, str]   # an idle AM: (its job's r
 ORIGIN = float(2**20)
 
 
+class RelaxPolicy(enum.Enum):
+    """How every job's AM trades waiting for locality against running spread (`gpurm sim --relax`)."""
+
+    TIMEOUT = "timeout"       # the AM's default: wait `locality.timeout` at each level, then relax one level
+    COST = "cost"             # relax by expected cost (am/relax.py), the trace's duration as the expected run time
+    NEVER = "never"           # every job `locality: strict`: never relax past the best level the cluster allows
+    IMMEDIATE = "immediate"   # every job `locality: any`: no waiting for locality at all
+
+
 @dataclass
 class SimOptions:
     policy: Policy | None = None           # every leaf uses this policy (None: the queue config's)
@@ -71,6 +83,7 @@ class SimOptions:
     # The `placement` run-time model's constants (sim/runtime.py); None: the `ideal` model (full speed anywhere,
     # instant checkpoints), exactly the behaviour before the model existed.
     runtime: RuntimeConfig | None = None
+    relax: RelaxPolicy = RelaxPolicy.TIMEOUT
 
 
 @dataclass
@@ -132,6 +145,9 @@ class Engine:
     def __init__(self, trace: Trace, servers: list[SimServer], tree: QueueTree, options: SimOptions) -> None:
         self.trace = trace
         self.options = options
+        modes = {RelaxPolicy.NEVER: LocalityMode.STRICT, RelaxPolicy.IMMEDIATE: LocalityMode.ANY}
+        mode = modes.get(options.relax)
+        self.locality = options.locality if mode is None else dataclasses.replace(options.locality, mode=mode)
         policy = options.policy
         settings = RMSettings(
             heartbeat_interval_s=1e15, missed_beats=1, container_start_timeout_s=1e15, am_register_timeout_s=1e15,
@@ -267,7 +283,7 @@ class Engine:
 
     def arrive(self, tj: TraceJob, now: float) -> None:
         spec = JobSpec(gpus=tj.gpus, command=["sim"], name=tj.name or tj.job_id, queue=tj.queue,
-                       max_retries=self.options.max_retries, locality=self.options.locality)
+                       max_retries=self.options.max_retries, locality=self.locality)
         try:
             # ACLs are not checked: a trace's users are not this cluster's users.
             job = self.core.submit(spec, tj.user or "sim", now, submit_id=tj.job_id, check_acl=False)
@@ -292,10 +308,14 @@ class Engine:
             self.report(effect.node_id, [ContainerReport(effect.container_id, "RUNNING", pid=1)], now)
             job, _ = self.core.register_am(effect.job_id, effect.am_attempt, now)
             seed = zlib.crc32(f"{self.options.seed}:{tj.job_id}".encode())
-            master = Master(job.spec, now, rng=random.Random(seed))
+            sensitivity = (sensitivity_of(tj.job_id, tj.name, tj.sensitivity, self.runtime, self.options.seed)
+                           if self.runtime is not None else 0.0)
+            # The simulator's cost-based AM knows each job's run time from the trace (an oracle, like srtf).
+            relax = (CostRelax(tj.duration_s, sensitivity=sensitivity if self.runtime is not None else 1.0)
+                     if self.options.relax is RelaxPolicy.COST else None)
+            master = Master(job.spec, now, rng=random.Random(seed), relax=relax)
             am = SimAM(effect.job_id, tj, master, effect.am_attempt, effect.container_id, effect.node_id)
-            if self.runtime is not None:
-                am.sensitivity = sensitivity_of(tj.job_id, tj.name, tj.sensitivity, self.runtime, self.options.seed)
+            am.sensitivity = sensitivity
             self.ams[effect.job_id] = am
             master.on_view(self.view(), now)
             self.dirty[effect.job_id] = None

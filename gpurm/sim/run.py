@@ -23,7 +23,7 @@ from gpurm.queues.fields import ConfigError
 from gpurm.queues.tree import Policy, QueueDef, QueueTree
 from gpurm.sim import metrics
 from gpurm.sim.clusterspec import SimServer, parse_cluster, total_gpus
-from gpurm.sim.engine import Engine, SimOptions, SimResult
+from gpurm.sim.engine import Engine, RelaxPolicy, SimOptions, SimResult
 from gpurm.sim.runtime import RuntimeConfig, RuntimeModel, load_config
 from gpurm.sim.trace import Trace, load_trace
 
@@ -52,6 +52,7 @@ class SimRequest:
     runtime_config: Path | None = None       # a YAML file of RuntimeConfig fields (placement only)
     checkpoint_interval_s: float | None = None   # these two override the config's
     restart_cost_s: float | None = None
+    relax: RelaxPolicy = RelaxPolicy.TIMEOUT
 
 
 @dataclass
@@ -145,7 +146,7 @@ def run(req: SimRequest, progress: Progress | None = None) -> SimOutcome:
     config = runtime_config(req)
     trace, servers, tree = load_inputs(req)
     options = SimOptions(policy=req.policy, failures_per_1000_gpu_h=req.failures_per_1000_gpu_h, seed=req.seed,
-                         runtime=config)
+                         runtime=config, relax=req.relax)
     engine = Engine(trace, servers, tree, options)
     result = engine.run(progress)
     capacity = total_gpus(servers)
@@ -154,7 +155,8 @@ def run(req: SimRequest, progress: Progress | None = None) -> SimOutcome:
         "trace": str(req.trace), "format": req.fmt, "cluster": req.cluster, "servers": len(servers),
         "queues": str(req.queues) if req.queues else None, "policy": req.policy.value if req.policy else None,
         "window": list(req.window) if req.window else None, "failures_per_1000_gpu_h": req.failures_per_1000_gpu_h,
-        "seed": req.seed, "trace_rows_fixed": len(trace.fixed), "trace_rows_skipped": len(trace.skipped),
+        "seed": req.seed, "relax": req.relax.value, "trace_rows_fixed": len(trace.fixed),
+        "trace_rows_skipped": len(trace.skipped),
     }
     summary = metrics.summarize(result.results, result.timeline, capacity, load, result.wall_s,
                                 extra={"inputs": inputs, "events": result.events,
