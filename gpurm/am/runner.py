@@ -185,14 +185,16 @@ class AMRunner:
                     self.tokens[g.container_id] = g.token
                 for g in resp.grants:
                     master.on_grant(held_from_grant(g), now)
+                # The notice before the ends: a grace shorter than this loop's interval kills the containers
+                # before the AM hears why, and their ends must read as the preemption, not as the job's failure.
+                if resp.preemption.container_ids:
+                    grace = max(0.0, resp.preemption.deadline_ms / 1000 - now)
+                    master.on_preempted(resp.preemption.container_ids, grace, now)
                 for s in resp.completed:
                     self.tokens.pop(s.container_id, None)
                     ended = ended_from_status(s)
                     log.info("container %s ended: %s", s.container_id, ended.describe())
                     master.on_ended(ended, now)
-                if resp.preemption.container_ids:
-                    grace = max(0.0, resp.preemption.deadline_ms / 1000 - now)
-                    master.on_preempted(resp.preemption.container_ids, grace, now)
                 if resp.kill_requested:
                     master.on_kill("killed", now)
                 master.on_reply()

@@ -481,10 +481,10 @@ class Engine:
             node = self.core.cluster.nodes[g.node_id]
             m.on_grant(Held(g.container_id, g.node_id, node.rack, node.host, 1, tuple(g.gpu_indices),
                             preemptible=g.preemptible), now)
+        if r.preempt_ids:          # the notice before the ends, as the AM process does (am/runner.py)
+            m.on_preempted(r.preempt_ids, max(0.0, r.preempt_deadline - now), now)
         for c in r.completed:
             m.on_ended(_ended(c), now)
-        if r.preempt_ids:
-            m.on_preempted(r.preempt_ids, max(0.0, r.preempt_deadline - now), now)
         if r.kill_requested:
             m.on_kill("killed", now)
         if r.plan_now:

@@ -14,18 +14,20 @@ from tests.integration.harness import DevCluster
 
 QUEUES = """
 defaults:
-  preemption_grace: 3s              # above the running AM's 2 s allocate interval: it hears of it in time
+  preemption_grace: {grace}
 queues:
-  research: {policy: las}
+  research: {{policy: las}}
 """
 # One 4-GPU server; a 4-GPU job drops to las level 1 after 20 GPU-seconds (5 s) and may be preempted after 2 s.
 RM_OPTIONS = ["--rm-option", "preemption.in_queue_min_run=2s", "--rm-option", "preemption.las_thresholds=[20s]"]
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, broker: TestBroker) -> Iterator[DevCluster]:
+# 3 s: above the running AM's 2 s allocate interval, it hears of it before the kill. 1 s: the kill may come first,
+# and the AM gets the notice and the ends in one reply: it must still read a preemption, not the job's failure.
+@pytest.fixture(params=["3s", "1s"])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path, broker: TestBroker) -> Iterator[DevCluster]:
     qfile = tmp_path / "queues.yaml"
-    qfile.write_text(QUEUES)
+    qfile.write_text(QUEUES.format(grace=request.param))
     c = DevCluster(tmp_path / "c", nodes=1, gpus_per_node=4, racks=1, broker=broker,
                    extra=["--queues", str(qfile), *RM_OPTIONS])
     yield c
@@ -42,11 +44,14 @@ def test_las_preempts_a_long_job_for_a_new_one_and_the_long_one_resumes(cluster:
     # The newcomer (level 0) outranks the long job (level 1) in its own queue: the long job is preempted ...
     c.wait_job(short, states=[pb.JOB_RUNNING, pb.JOB_SUCCEEDED], timeout=30)
     job = c.job(long)
-    assert job.preemptions == 1 and job.failures == 0
+    # (With a 1 s grace the long job may win the freed GPUs back once before the newcomer's AM asks: preempted
+    # again, never failed.)
+    assert job.preemptions >= 1 and job.failures == 0
     assert job.attempts[0].failure == pb.FAILURE_PREEMPTED and not job.attempts[0].counts_as_failure
     assert "preempted" in c.gpurm("status", long).out
     # ... the newcomer runs to its end, and the long job resumes (same id, a new attempt) on the freed GPUs.
     assert c.wait_job(short, timeout=30).state == pb.JOB_SUCCEEDED
     resumed = c.wait_job(long, states=[pb.JOB_RUNNING], timeout=30)
-    assert len(resumed.attempts) == 2 and resumed.preemptions == 1
+    assert len(resumed.attempts) == resumed.preemptions + 1 and resumed.failures == 0
+    assert all(a.failure == pb.FAILURE_PREEMPTED for a in resumed.attempts[:-1])
     c.gpurm("kill", long, "--no-wait")
