@@ -340,12 +340,13 @@ class Master:
                               0, now, fatal=user_error)
         self.step(now)
 
-    def on_preempted(self, container_ids: Iterable[str], grace_s: float, now: float) -> None:
+    def on_preempted(self, container_ids: Iterable[str], grace_s: float, now: float, reason: str = "") -> None:
+        """The RM takes these containers back; `reason` is the RM's (fair share or in-queue, and for whom)."""
         ids = set(container_ids)
         if not ids & (set(self.held) | {cid for cid, r in self.runs.items() if r.live}):
             return
         if self.phase in (Phase.RUNNING, Phase.LAUNCHING):
-            self._end_attempt(FailureKind.PREEMPTED, "preempted: its queue's GPUs were taken back by fair share",
+            self._end_attempt(FailureKind.PREEMPTED, reason or "preempted: the RM took its GPUs back",
                               0, now, grace_s=grace_s)
         else:
             for cid in ids:

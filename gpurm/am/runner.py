@@ -189,7 +189,7 @@ class AMRunner:
                 # before the AM hears why, and their ends must read as the preemption, not as the job's failure.
                 if resp.preemption.container_ids:
                     grace = max(0.0, resp.preemption.deadline_ms / 1000 - now)
-                    master.on_preempted(resp.preemption.container_ids, grace, now)
+                    master.on_preempted(resp.preemption.container_ids, grace, now, resp.preemption.reason[:500])
                 for s in resp.completed:
                     self.tokens.pop(s.container_id, None)
                     ended = ended_from_status(s)

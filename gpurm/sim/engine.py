@@ -482,7 +482,7 @@ class Engine:
             m.on_grant(Held(g.container_id, g.node_id, node.rack, node.host, 1, tuple(g.gpu_indices),
                             preemptible=g.preemptible), now)
         if r.preempt_ids:          # the notice before the ends, as the AM process does (am/runner.py)
-            m.on_preempted(r.preempt_ids, max(0.0, r.preempt_deadline - now), now)
+            m.on_preempted(r.preempt_ids, max(0.0, r.preempt_deadline - now), now, r.preempt_reason)
         for c in r.completed:
             m.on_ended(_ended(c), now)
         if r.kill_requested:

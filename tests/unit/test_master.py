@@ -175,13 +175,14 @@ def test_preemption_is_not_a_failure() -> None:
     launch = rig.launch()
     rig.start_all(launch)
     ids = [h.container_id for h, _, _ in launch.learners]
-    rig.m.on_preempted(ids, 15.0, rig.now)
+    rig.m.on_preempted(ids, 15.0, rig.now, "preempted for queue nlp: las level 0 outranks level 2")
     assert any(isinstance(a, Stop) for a in rig.m.take_actions())
     for cid in ids:
         rig.m.on_ended(Ended(cid, 0, signal=15, stopped=True), rig.now)
     assert rig.m.final is None and rig.m.attempt.number == 2
     first = rig.m.attempts[0]
     assert first.failure is FailureKind.PREEMPTED and not first.counts_as_failure
+    assert first.cause == "preempted for queue nlp: las level 0 outranks level 2"     # the RM's reason, as given
 
 
 def test_lost_node_is_avoided_by_the_next_attempt() -> None:
