@@ -145,7 +145,7 @@ class View:
         if k is None:
             if self._sizes is None:
                 self._sizes = sorted((s.total for s in self.servers if s.total > 0), reverse=True)
-            k = self._fewest[gpus] = _fewest(gpus, self._sizes)
+            k = self._fewest[gpus] = fewest_of(gpus, self._sizes)
         return k
 
     def satisfiable(self, gpus: int, level: LocalityLevel) -> bool:
@@ -204,10 +204,12 @@ def fewest_servers(gpus: int, servers: Iterable[ServerView]) -> int:
     """The fewest servers the job could occupy in this cluster if it were empty (its best-case packing)."""
     if isinstance(servers, View):
         return servers.fewest_servers(gpus)
-    return _fewest(gpus, sorted((s.total for s in servers if s.total > 0), reverse=True))
+    return fewest_of(gpus, sorted((s.total for s in servers if s.total > 0), reverse=True))
 
 
-def _fewest(gpus: int, sizes: list[int]) -> int:
+def fewest_of(gpus: int, sizes: list[int]) -> int:
+    """How many of these sizes (servers' or racks' GPUs, largest first) it takes to hold `gpus`; one more than
+    there are when even all of them cannot."""
     total = 0
     for k, size in enumerate(sizes, start=1):
         total += size

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from gpurm.am.master import AttemptRecord, Ended, Held, Launch, Master, Phase, Stop
-from gpurm.am.placement import ServerView, View
+from gpurm.am.placement import ServerView, View, fewest_of
 from gpurm.am.relax import CostRelax
 from gpurm.queues.tree import Policy, QueueTree
 from gpurm.rm import priority
@@ -698,7 +698,7 @@ class Engine:
             servers = max(len(run.nodes), 1)
             neighbours = max((len(self.on_server[n]) - 1 for n in run.nodes), default=0)
             new_rate = rate(config, am.sensitivity, servers, view.fewest_servers(gpus), run.racks,
-                            _fewest(gpus, self._rack_sizes), neighbours)
+                            fewest_of(gpus, self._rack_sizes), neighbours)
             if run.breaks and new_rate == run.rate:
                 continue
             self.accrue(am, run, now)
@@ -811,16 +811,6 @@ def work_at(run: Run, t: float) -> float:
             break
         work = done + max(0.0, t - max(at, run.productive_from)) * r
     return work
-
-
-def _fewest(gpus: int, sizes: list[int]) -> int:
-    """The fewest of these (racks') sizes, largest first, that add up to gpus."""
-    total = 0
-    for k, size in enumerate(sizes, start=1):
-        total += size
-        if total >= gpus:
-            return k
-    return max(len(sizes), 1)
 
 
 def _update(a: AttemptRecord) -> AttemptUpdate:
