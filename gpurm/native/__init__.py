@@ -14,6 +14,7 @@ import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 BUILD_INFO = Path(__file__).with_name("build.json")
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent      # the gpurm/ folder
@@ -39,12 +40,14 @@ def _source_of(module: str) -> Path:
     return PACKAGE_ROOT.parent.joinpath(*module.split(".")).with_suffix(".py")
 
 
-def _build_info() -> dict[str, dict[str, object]] | None:
+def _build_record() -> dict[str, Any] | None:
+    """build.json as setup.py wrote it: {"group": ..., "modules": {name: {"source_sha256", "compiled"}}}; None when
+    it is missing or unreadable."""
     try:
-        modules: dict[str, dict[str, object]] = json.loads(BUILD_INFO.read_text())["modules"]
-    except (OSError, ValueError, KeyError, TypeError):
+        record = json.loads(BUILD_INFO.read_text())
+    except (OSError, ValueError):
         return None
-    return modules
+    return record if isinstance(record, dict) and isinstance(record.get("modules"), dict) else None
 
 
 def _changed(name: str, recorded: dict[str, object]) -> bool:
@@ -55,18 +58,18 @@ def _changed(name: str, recorded: dict[str, object]) -> bool:
 def sources_changed() -> list[str]:
     """The hot modules whose source differs from the one the build saw (["(no build record)"] without a build):
     what ./scripts/setup-venv recompiles."""
-    modules = _build_info()
-    if modules is None:
+    record = _build_record()
+    if record is None:
         return ["(no build record)"]
-    return [name for name, recorded in modules.items() if _changed(name, recorded)]
+    return [name for name, recorded in record["modules"].items() if _changed(name, recorded)]
 
 
 def drop_compiled() -> None:
     """Remove the compiled modules and the build record, so that everything runs interpreted (after a failed
     rebuild: compiled modules call each other directly, so one stale module cannot be left among fresh ones)."""
-    modules = _build_info() or {}
-    group = json.loads(BUILD_INFO.read_text()).get("group", "") if BUILD_INFO.exists() else ""
-    for name in [*modules, *([f"{group}__mypyc"] if group else [])]:
+    record = _build_record() or {"modules": {}}
+    group = record.get("group", "")
+    for name in [*record["modules"], *([f"{group}__mypyc"] if group else [])]:
         spec = importlib.util.find_spec(name)
         if spec and spec.origin and not spec.origin.endswith(".py"):
             Path(spec.origin).unlink(missing_ok=True)
@@ -75,9 +78,10 @@ def drop_compiled() -> None:
 
 def status() -> Status:
     """What this installation runs, read from build.json and the import system (without importing the modules)."""
-    modules = _build_info()
-    if modules is None:
+    record = _build_record()
+    if record is None:
         return Status("interpreted", "interpreted: built without mypyc (no build record)")
+    modules: dict[str, dict[str, object]] = record["modules"]
     compiled = [m for m in modules if _is_compiled(m)]
     stale = [name for name in compiled if _changed(name, modules[name])]
     if not compiled:
