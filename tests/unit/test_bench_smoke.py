@@ -30,3 +30,9 @@ def test_sim_speed_runs() -> None:
 def test_sorted_index_runs() -> None:
     out = run("sorted_index.py", "--sizes", "10,100", "--events", "200")
     assert "SortedList" in out and "ratio" in out and "raw limit" in out
+
+
+def test_tiresias_workload_runs() -> None:
+    out = run("tiresias_workload.py", "--jobs", "60", "--loads", "1.5", "--seeds", "0", "--policy", "fifo",
+              "--policy", "las")
+    assert "load 1.5, seed 0: 60 jobs on 1x15x4" in out and "floor" in out and "1,510s" in out
