@@ -60,6 +60,10 @@ class InQueuePreemption:
         self.min_run_s = min_run_s
         self.preempt = preempt
         self.looks: dict[str, InQueueLook] = {}
+        # Waiting jobs a room is being made for -> their victims, while a victim still holds GPUs under its
+        # preemption deadline (the grace). Such a job is not weighed again meanwhile: it still waits, and the GPUs
+        # it is owed still look busy, so a look in the grace would make it a second room at the cost of more jobs.
+        self.rooms_under_way: dict[str, list[str]] = {}
         self._rooms_cache: tuple[int, list[tuple[str, str, int]]] | None = None
 
     def touch(self, job: Job) -> None:
@@ -93,6 +97,7 @@ class InQueuePreemption:
     def run(self, busy: set[str], now: float) -> list[tuple[str, str]]:
         """One round over the queues; `busy`: jobs already under a preemption deadline. Returns (victim,
         beneficiary) pairs, each already preempted through the callback."""
+        busy = self._with_rooms_under_way(busy)
         idle = self.cluster.free_gpus
         servers: list[priority.Room] | None = None
         out: list[tuple[str, str]] = []
@@ -159,8 +164,26 @@ class InQueuePreemption:
             for victim, beneficiary in pairs:
                 d = preemption.Decision(queue, [], f"outranked by {beneficiary} ({policy.value}) in its own queue")
                 self.preempt(self.jobs[victim], d, leaf.preemption.grace_s, now)
+                self.rooms_under_way.setdefault(beneficiary, []).append(victim)
             out.extend(pairs)
         return out
+
+    def _with_rooms_under_way(self, busy: set[str]) -> set[str]:
+        """`busy` (jobs under a preemption deadline) plus the waiting jobs whose room is still being made. A job
+        whose victims have all stopped is weighed again (touched): if it did not get their GPUs it may need a room
+        once more."""
+        if not self.rooms_under_way:
+            return busy
+        waiting = set()
+        for job_id, victims in list(self.rooms_under_way.items()):
+            if any(v in busy for v in victims):
+                waiting.add(job_id)
+                continue
+            del self.rooms_under_way[job_id]
+            job = self.jobs.get(job_id)
+            if job is not None:
+                self.touch(job)
+        return busy | waiting if waiting else busy
 
     def _scan(self, members: Mapping[str, None], policy: Policy, busy: set[str],
               now: float) -> tuple[InQueueLook, list[str], list[priority.Standing]]:

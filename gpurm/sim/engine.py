@@ -147,6 +147,7 @@ class Engine:
         self.options = options
         modes = {RelaxPolicy.NEVER: LocalityMode.STRICT, RelaxPolicy.IMMEDIATE: LocalityMode.ANY}
         mode = modes.get(options.relax)
+        self.forced_mode = mode        # `--relax never|immediate`: every job's mode, its own (trace) mode too
         self.locality = options.locality if mode is None else dataclasses.replace(options.locality, mode=mode)
         policy = options.policy
         settings = RMSettings(
@@ -283,7 +284,7 @@ class Engine:
 
     def arrive(self, tj: TraceJob, now: float) -> None:
         spec = JobSpec(gpus=tj.gpus, command=["sim"], name=tj.name or tj.job_id, queue=tj.queue,
-                       max_retries=self.options.max_retries, locality=self.locality)
+                       max_retries=self.options.max_retries, locality=self.job_locality(tj))
         try:
             # ACLs are not checked: a trace's users are not this cluster's users.
             job = self.core.submit(spec, tj.user or "sim", now, submit_id=tj.job_id, check_acl=False)
@@ -299,6 +300,13 @@ class Engine:
         self.by_trace[job.job_id] = tj.job_id
         self._pending_trace[job.job_id] = tj
 
+    def job_locality(self, tj: TraceJob) -> Locality:
+        """The run's locality settings, with the trace job's own (jsonl `locality`) in their place."""
+        if tj.locality is None:
+            return self.locality
+        own = tj.locality.over(self.options.locality)
+        return own if self.forced_mode is None else dataclasses.replace(own, mode=self.forced_mode)
+
     def start_ams(self, now: float) -> None:
         outbox = self.core.take_outbox()
         if not outbox:
@@ -308,7 +316,8 @@ class Engine:
             self.report(effect.node_id, [ContainerReport(effect.container_id, "RUNNING", pid=1)], now)
             job, _ = self.core.register_am(effect.job_id, effect.am_attempt, now)
             seed = zlib.crc32(f"{self.options.seed}:{tj.job_id}".encode())
-            sensitivity = (sensitivity_of(tj.job_id, tj.name, tj.sensitivity, self.runtime, self.options.seed)
+            sensitivity = (sensitivity_of(tj.job_id, tj.name, tj.sensitivity, self.runtime, self.options.seed,
+                                          tj.locality.mode if tj.locality is not None else None)
                            if self.runtime is not None else 0.0)
             # The simulator's cost-based AM knows each job's run time from the trace (an oracle, like srtf).
             relax = (CostRelax(tj.duration_s, sensitivity=sensitivity if self.runtime is not None else 1.0)

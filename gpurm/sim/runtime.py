@@ -28,6 +28,8 @@ from pathlib import Path
 
 import yaml
 
+from gpurm.rm.jobspec import LocalityMode
+
 # Philly, ATC'19 (Jeon et al., "Analysis of Large-Scale Multi-Tenant GPU Clusters for DNN Training Workloads"),
 # section 4.2 / Table 4 and its talk: a 16-GPU job reached 43.66% mean GPU utilisation on 2 servers and 28.56% on 8.
 PHILLY_16GPU_2_SERVERS = 43.66
@@ -144,11 +146,19 @@ def model_sensitivity(name: str) -> float | None:
     return None
 
 
-def sensitivity_of(job_id: str, name: str, given: float | None, config: RuntimeConfig, seed: int = 0) -> float:
-    """A job's sensitivity: the trace job's own value when it has one (the hook for the job spec's locality
-    setting), else its model name's, else a deterministic draw (by seed and job id) from the configured mix."""
+def sensitivity_of(job_id: str, name: str, given: float | None, config: RuntimeConfig, seed: int = 0,
+                   mode: LocalityMode | None = None) -> float:
+    """A job's sensitivity: the trace job's own value when it has one; else from its locality mode when the trace
+    gives one (`strict`: the user says it crawls when spread, `sensitive_value`; `any`: it barely notices,
+    `insensitive_value`; `prefer` says nothing either way); else its model name's; else a deterministic draw (by
+    seed and job id) from the configured mix. The mode comes before the model name: it is the user's own word
+    about this job, the name only a guess from others like it."""
     if given is not None:
         return given
+    if mode is LocalityMode.STRICT:
+        return config.sensitive_value
+    if mode is LocalityMode.ANY:
+        return config.insensitive_value
     known = model_sensitivity(name) if name else None
     if known is not None:
         return known

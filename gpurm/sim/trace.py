@@ -33,9 +33,11 @@ Formats (`--format`):
     gpurm's own format: one JSON object per line, e.g.
     `{"id": "j1", "submit": 0.0, "gpus": 4, "duration": 3600, "queue": "research.nlp", "user": "alice",
     "name": "bert"}`. `submit` (seconds, any origin) , `gpus` and `duration` (seconds, or a duration string
-    such as `"2h"`) are required; `id` (default `t<line>`), `queue` (default `default`), `user` and `name` are
-    optional; other keys are rejected (a typo must not pass silently). Blank lines and lines starting with `#`
-    are ignored.
+    such as `"2h"`) are required; `id` (default `t<line>`), `queue` (default `default`), `user`, `name` and
+    `locality` are optional; other keys are rejected (a typo must not pass silently). `locality` is the job
+    file's (docs/jobs.md): a mode (`"strict"`, `"prefer"`, `"any"`) or a mapping of `mode`, `start_level`,
+    `timeout`, `backoff_base` and `backoff_max`; what it leaves out is the run's default. Blank lines and lines
+    starting with `#` are ignored.
 
 Rules shared by all formats: `gpus` is an integer >= 1; a negative duration is an error, a duration of 0 is
 kept as 1 s and listed in `Trace.fixed` (the simulator needs positive run times; the real Philly table has no
@@ -63,6 +65,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpurm.queues.fields import parse_duration
+from gpurm.rm.jobspec import Locality, LocalityLevel, LocalityMode
 
 FORMATS = ("philly-csv", "philly-joblog", "tiresias", "jsonl")
 DEFAULT_QUEUE = "default"
@@ -85,6 +88,26 @@ class TraceError(ValueError):
 
 
 @dataclass(frozen=True)
+class TraceLocality:
+    """A trace job's own locality settings (the job file's `locality`, docs/jobs.md); None fields: the run's."""
+
+    mode: LocalityMode | None = None
+    start_level: LocalityLevel | None = None
+    timeout_s: float | None = None
+    backoff_base_s: float | None = None
+    backoff_max_s: float | None = None
+
+    def over(self, base: Locality) -> Locality:
+        """`base` (the run's settings) with this job's own settings in place of its defaults."""
+        return Locality(
+            timeout_s=base.timeout_s if self.timeout_s is None else self.timeout_s,
+            backoff_base_s=base.backoff_base_s if self.backoff_base_s is None else self.backoff_base_s,
+            backoff_max_s=base.backoff_max_s if self.backoff_max_s is None else self.backoff_max_s,
+            start_level=base.start_level if self.start_level is None else self.start_level,
+            mode=base.mode if self.mode is None else self.mode)
+
+
+@dataclass(frozen=True)
 class TraceJob:
     job_id: str  # unique; from the trace if it has ids, else "t<line>"
     submit_s: float  # seconds since the trace's first submission (the earliest job submits at 0.0)
@@ -95,8 +118,9 @@ class TraceJob:
     name: str = ""
     line: int = 0  # 1-based line (or JSON array index + 1) it came from
     # Locality sensitivity for the `placement` run-time model (sim/runtime.py), 0 (indifferent) to 1 (VGG-like).
-    # None: from the model name, else the configured mix. The hook for a job spec's locality setting.
+    # None: from the locality mode, else the model name, else the configured mix (runtime.sensitivity_of).
     sensitivity: float | None = None
+    locality: TraceLocality | None = None   # the job's own locality settings (jsonl only); None: the run's
 
 
 @dataclass
@@ -133,6 +157,7 @@ class _Raw:
     queue: str
     user: str
     name: str
+    locality: TraceLocality | None = None
 
 
 @dataclass
@@ -196,7 +221,8 @@ def _finish(read: _Read, source: str, fmt: str, has_dates: bool, window: tuple[s
                          f"no job is submitted in [{window[0] if window else ''}, {window[1] if window else ''})")
     base = min(r.at for r in kept)
     kept.sort(key=lambda r: (r.at, r.line))
-    jobs = [TraceJob(r.job_id, r.at - base, r.gpus, r.duration_s, r.queue, r.user, r.name, r.line) for r in kept]
+    jobs = [TraceJob(r.job_id, r.at - base, r.gpus, r.duration_s, r.queue, r.user, r.name, r.line,
+                     locality=r.locality) for r in kept]
 
     def inside(items: list[tuple[float | None, int, str]]) -> list[tuple[int, str]]:
         # Notes about jobs outside the window would be noise; those without a known time are always kept.
@@ -378,7 +404,7 @@ def _read_tiresias(f: IO[str], source: str) -> _Read:
 
 def _read_jsonl(f: IO[str], source: str) -> _Read:
     read = _Read()
-    known = ("id", "submit", "gpus", "duration", "queue", "user", "name")
+    known = ("id", "submit", "gpus", "duration", "queue", "user", "name", "locality")
     for line, text in enumerate(f, start=1):
         stripped = text.strip()
         if not stripped or stripped.startswith("#"):
@@ -403,10 +429,50 @@ def _read_jsonl(f: IO[str], source: str) -> _Read:
         if not job_id:
             raise TraceError(source, line, "id", "is empty")
         queue = _queue(obj.get("queue", DEFAULT_QUEUE), source, line, "queue")
+        locality = _locality(obj["locality"], source, line) if "locality" in obj else None
         read.jobs.append(_Raw(at, line, job_id, gpus, duration, queue, _text(obj.get("user", ""), source, line,
                                                                               "user"),
-                              _text(obj.get("name", ""), source, line, "name")))
+                              _text(obj.get("name", ""), source, line, "name"), locality))
     return read
+
+
+_LOCALITY_KEYS = ("mode", "start_level", "timeout", "backoff_base", "backoff_max")
+
+
+def _locality(value: object, source: str, line: int) -> TraceLocality:
+    """A jsonl job's `locality`: a mode (the job file's shorthand) or a mapping of the job file's keys."""
+    if isinstance(value, str):
+        return TraceLocality(mode=_locality_mode(value, source, line, "locality"))
+    if not isinstance(value, dict):
+        raise TraceError(source, line, "locality", f"expected a mode (strict, prefer, any) or a mapping of "
+                                                   f"{', '.join(_LOCALITY_KEYS)}, got {value!r}")
+    unknown = sorted(str(k) for k in value if k not in _LOCALITY_KEYS)
+    if unknown:
+        raise TraceError(source, line, f"locality.{unknown[0]}",
+                         f"unknown field (known: {', '.join(_LOCALITY_KEYS)})")
+    mode = _locality_mode(value["mode"], source, line, "locality.mode") if "mode" in value else None
+    level = _start_level(value["start_level"], source, line) if "start_level" in value else None
+    times = {k: _seconds(value[k], source, line, f"locality.{k}") if k in value else None
+             for k in ("timeout", "backoff_base", "backoff_max")}
+    return TraceLocality(mode, level, times["timeout"], times["backoff_base"], times["backoff_max"])
+
+
+def _start_level(text: object, source: str, line: int) -> LocalityLevel:
+    try:
+        if isinstance(text, str):
+            return LocalityLevel.parse(text)
+    except ValueError:
+        pass
+    raise TraceError(source, line, "locality.start_level", f"must be one of node, packed, rack, any; got {text!r}")
+
+
+def _locality_mode(text: object, source: str, line: int, name: str) -> LocalityMode:
+    try:
+        if isinstance(text, str):
+            return LocalityMode.parse(text)
+    except ValueError:
+        pass
+    raise TraceError(source, line, name, f"must be one of strict, prefer, any; got {text!r}")
 
 
 def _seconds(value: object, source: str, line: int, name: str) -> float:

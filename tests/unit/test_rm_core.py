@@ -418,3 +418,30 @@ def test_in_queue_preemption_waits_for_the_outranked_job_to_run_its_minimum() ->
     assert core.preempt_in_queue(300.0) == []
     assert core.preempt_in_queue(400.0) == []       # old enough, but level 0 until 3,600 GPU-s (t = 460 s)
     assert core.preempt_in_queue(461.0) == [(old, w)]   # crossed into level 1 with nothing else changed
+
+
+def test_in_queue_preemption_makes_one_room_per_waiting_job_while_the_victims_stop() -> None:
+    # Two 4-GPU servers: `big` holds n1, `small` 2 GPUs of n2; both at LAS level 1 and past the minimum run when
+    # `w` (4 GPUs, level 0) arrives. The cheapest room is n2 (2 GPUs preempted). Until `small` has stopped (its
+    # grace), `w` still waits, and a later look must not make it a second room by preempting `big` too (the
+    # simulator's victims stop at once, so only the daemon looked again during the grace, and preempted both).
+    core = las_core_of(servers=2, gpus=4)
+    big, small = started_job(core, gpus=4), started_job(core, gpus=2)
+    (g1,) = core.allocate(big, 1, 0, [Ask(gpus=4, node_id="n1")], [], [], 2.0).grants
+    (g2,) = core.allocate(small, 1, 0, [Ask(gpus=2, node_id="n2")], [], [], 2.0).grants
+    core.node_heartbeat("n1", "s1", [running(g1.container_id)], 10.0)
+    core.node_heartbeat("n2", "s2", [running(g2.container_id)], 10.0)
+    w = started_job(core, gpus=4, now=2000.0)
+    assert core.preempt_in_queue(2001.0) == [(small, w)]
+    assert core.preempt_in_queue(2003.0) == []                  # `small` is still stopping: its room is under way
+    core.node_heartbeat("n2", "s2", [exited(g2.container_id, stopped=True)], 2004.0)
+    assert core.preempt_in_queue(2005.0) == []                  # n2 is free for `w` now: nobody else loses
+    assert core.allocate(w, 1, 0, [Ask(gpus=4, node_id="n2")], [], [], 2006.0).grants
+
+
+def las_core_of(servers: int, gpus: int) -> RMCore:
+    core = cluster(servers, gpus=gpus, settings=RMSettings(heartbeat_interval_s=1e9, am_liveness_timeout_s=1e9,
+                                                           container_start_timeout_s=1e9, inqueue_preemption=True,
+                                                           inqueue_min_run_s=300.0))
+    core.scheduler.policy_override = Policy.LAS
+    return core
