@@ -150,7 +150,7 @@ class Master:
     def __init__(self, spec: JobSpec, now: float, rng: random.Random | None = None, first_attempt: int = 1,
                  relax: CostRelax | None = None) -> None:
         self.spec = spec
-        # None: wait `locality.timeout` at each level (the default). A CostRelax: wait while the expected wait is
+        # None: wait `locality.timeout` at each level (the default). A CostRelax: wait while the time waited is
         # below the run time the level saves (see am/relax.py).
         self.relax = relax
         self.frees = FreeRate()
@@ -449,7 +449,7 @@ class Master:
 
     def _level_deadline(self) -> float:
         """When the current level is given up: its timeout, or with a cost policy (and a looser level to go to)
-        when the expected wait passes the run time the level saves (am/relax.py)."""
+        when the time waited reaches the run time the level saves (am/relax.py)."""
         timeout_at = self.level_since + self.spec.locality.timeout_s
         if self.relax is None:
             return timeout_at

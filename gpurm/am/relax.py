@@ -18,7 +18,9 @@ looser one (the ski-rental rule: the total is never more than twice the best cho
   (`FreeRate`, over `window_s`, once a whole window has been watched). Off by default: an AM sees views only
   when it has news, so that rate is thin and overestimates the wait (measured: docs/sim.md, "Relax policies").
 
-The last level a job will try (`any`, or a strict job's own) keeps the timeout policy.
+The last level a job will try (`any`, or a strict job's own) keeps the timeout policy. The AM imports the
+simulator's run-time model (pure) on purpose: one calibrated model of what spreading costs, so that the AM judges
+a level by the same slowdowns the simulator charges.
 """
 
 from __future__ import annotations
