@@ -150,8 +150,8 @@ class Master:
     def __init__(self, spec: JobSpec, now: float, rng: random.Random | None = None, first_attempt: int = 1,
                  relax: CostRelax | None = None) -> None:
         self.spec = spec
-        # None: wait `locality.timeout` at each level (the default). A CostRelax: wait while the expected wait is
-        # below the run time the level saves (see am/relax.py), the timeout still ruling without enough history.
+        # None: wait `locality.timeout` at each level (the default). A CostRelax: wait while the time waited is
+        # below the run time the level saves (see am/relax.py).
         self.relax = relax
         self.frees = FreeRate()
         self.rng = rng or random.Random()
@@ -448,15 +448,15 @@ class Master:
             self._give_up_level(now)
 
     def _level_deadline(self) -> float:
-        """When the current level is given up: its timeout, or with a cost policy (and a rate it can trust, and a
-        looser level to go to) when the expected wait passes the run time the level saves."""
+        """When the current level is given up: its timeout, or with a cost policy (and a looser level to go to)
+        when the time waited reaches the run time the level saves (am/relax.py)."""
         timeout_at = self.level_since + self.spec.locality.timeout_s
-        if self.relax is None or not self.frees.trusted:
+        if self.relax is None:
             return timeout_at
         nxt = self._shape_floor(self._next_level())
         if nxt is self.level:
             return timeout_at
-        return self.relax.deadline(self.level, nxt, self.level_since, self.view, self.spec.gpus, self.frees.rate())
+        return self.relax.deadline(self.level, nxt, self.level_since, self.view, self.spec.gpus, self.frees)
 
     def _first_level(self) -> LocalityLevel:
         """Where an attempt starts: `any` for a job that does not care about locality, else its start level."""

@@ -51,8 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(e.g. 60, 2m); default 60s")
     p.add_argument("--relax", choices=[r.value for r in RelaxPolicy], default=RelaxPolicy.TIMEOUT.value,
                    help="how every AM trades waiting for locality against running spread: timeout (default: wait "
-                        "the locality timeout at each level), cost (wait while the expected wait is below the run "
-                        "time locality saves; the trace's duration as the run time), never (every job strict), "
+                        "the locality timeout at each level), cost (wait while the time waited is below the run time "
+                        "locality saves, the job's and its neighbours'; the trace's duration as the run time), "
+                        "never (every job strict), "
                         "immediate (every job locality any)")
     p.add_argument("--out", required=True, metavar="DIR", help="where summary.json, jobs.csv and the plots go")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots (faster)")

@@ -7,11 +7,13 @@ For a job that has attained `a` GPU-seconds, with S the (unknown) size of a job,
 
 the best chance of finishing within the next D GPU-seconds per GPU-second spent trying. A job with a higher index
 runs first (it is likelier to finish soon); with no size known beyond `a` the index is 0 (it ranks last).
+The `gittins` policy (rm/priority.py) ranks by the las levels first and by this index inside a level, and preempts
+by level alone: the index only orders.
 
 Quantisation (documented, and the same in the daemon and the simulator, which run this same code):
 - attained service is bucketed on a doubling scale: [0, 60), [60, 120), [120, 240), ... GPU-seconds
   (`BUCKET_FIRST_GPU_S`, `BUCKET_RATIO`, `BUCKETS`); a job's index is that of its bucket's lower edge, so it
-  changes only when its service crosses an edge, and jobs in one bucket are never preempted over each other;
+  changes only when its service crosses an edge;
 - the quanta D tried are the distances from that edge to every higher edge.
 - The table is learned from the sizes (attained GPU-seconds at the end) of jobs that ended on their own
   (succeeded or failed; a killed job's size is cut short). Until `MIN_FINISHED` such jobs have finished, it is not

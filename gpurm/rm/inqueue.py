@@ -225,7 +225,7 @@ class InQueuePreemption:
         s, k, starve_at = self.standings.waiting_rank(self.jobs[job_id], policy)
         if now <= starve_at and starve_at != float("inf"):
             look.timers.append((starve_at, job_id))
-        r = priority.STARVED if now > starve_at else (k[0], k[1])
+        r = priority.STARVED if now > starve_at else priority.preempt_rank(policy, k)
         if look.best is None or r < look.best:
             look.best = r
         return s, r

@@ -10,14 +10,15 @@
   job starts, its service counts afresh from there (`las_promoted`), so it keeps level 0 until it has attained
   the first threshold again. (Were it to fall back to its old level as soon as it ran, the jobs it displaced would take
   their GPUs back after `min_run_s`, and so on: a carousel of preemptions that serves nobody.)
-- `gittins`: Tiresias' 2D-Gittins index (rm/gittins.py): attained GPU-seconds, bucketed, weighed against the sizes
-  of the jobs this RM saw finish; the higher index first, the same starvation guard as `las`, and `las` itself until
-  enough jobs finished.
+- `gittins`: Tiresias' discretized 2D-Gittins: the `las` levels (the same thresholds, starvation guard and
+  sticky promotion), and inside a level the higher 2D-Gittins index (rm/gittins.py: attained GPU-seconds, bucketed,
+  weighed against the sizes of the jobs this RM saw finish) first instead of submit order; in-queue preemption
+  weighs the level alone, as under `las` (`preempt_rank`). `las` itself until enough jobs finished.
 - `srtf`: shortest remaining GPU-time first, from the trace's durations (the simulator's oracle baseline; an RM
   has no durations and treats every job alike, i.e. fifo).
 
 In-queue preemption (`las`, `gittins` and `srtf`, Tiresias-style): a waiting job that outranks running jobs
-of its own queue takes their GPUs when the idle ones do not suffice: only jobs at a worse level (las) or with
+of its own queue takes their GPUs when the idle ones do not suffice: only jobs at a worse level (las, gittins) or with
 more left (srtf), only jobs that ran at least `min_run_s` (no flapping), and only where that makes room for it
 on the fewest servers it could fit on, in one domain (GPUs freed here and there would go back to the jobs that
 just lost them while its AM waits for a compact placement); among such rooms, the one that preempts the fewest
@@ -28,11 +29,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpurm.queues.tree import Policy
-from gpurm.rm.gittins import GittinsIndex, next_edge
+from gpurm.rm.gittins import GittinsIndex
 
 # 1, 10 and 100 GPU-hours: levels 0..3 (the default of rm.yaml `preemption.las_thresholds`)
 LAS_THRESHOLDS_GPU_S: tuple[float, ...] = (3600.0, 36000.0, 360000.0)
@@ -85,8 +87,10 @@ def rank(policy: Policy, now: float, thresholds: tuple[float, ...] = LAS_THRESHO
 
         def git(s: Standing) -> tuple[float, float, int]:
             if s.running_since < 0 and las_starved(now, s.waiting_since, s.executed_s):
-                return (*STARVED, s.seq)
-            return (1.0, -table.index(s.attained_gpu_s), s.seq)     # the higher index first
+                # Level 0 as under las, and first inside it: behind every fresh job's index it would starve on.
+                return (STARVED[0], -math.inf, s.seq)
+            # The las level first (the discretized queues, as in Tiresias), then the higher index first inside it.
+            return (float(las_level(s.attained_gpu_s, thresholds)), -table.index(s.attained_gpu_s), s.seq)
         return git
     if policy is Policy.GITTINS:
         policy = Policy.LAS                 # too few jobs finished to learn from: las
@@ -114,17 +118,23 @@ def waiting_rank(policy: Policy, s: Standing, thresholds: tuple[float, ...] = LA
 def rank_changes_at(policy: Policy, s: Standing, now: float,
                     thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S,
                     gittins: GittinsIndex | None = None) -> float:
-    """For a running job: the earliest time its rank may worsen (las: its service crossing the next threshold,
-    were all its GPUs running); infinity where it never does (srtf ranks only improve as a job runs)."""
-    if policy is Policy.GITTINS and gittins is not None and gittins.ready:
-        edge = next_edge(s.attained_gpu_s)     # its index moves only at its bucket's edge
-        return edge if edge == float("inf") else now + (edge - s.attained_gpu_s) / max(s.gpus, 1)
+    """For a running job: the earliest time its rank may worsen as in-queue preemption weighs it (`preempt_rank`;
+    las and gittins: its service crossing the next las threshold, were all its GPUs running); infinity where it
+    never does (srtf ranks only improve as a job runs)."""
     if policy not in (Policy.LAS, Policy.GITTINS):
         return float("inf")
     level = las_level(s.attained_gpu_s, thresholds)
     if level >= len(thresholds):
         return float("inf")
     return now + (thresholds[level] - s.attained_gpu_s) / max(s.gpus, 1)
+
+
+def preempt_rank(policy: Policy, k: tuple[float, float, int] | tuple[float, float]) -> tuple[float, float]:
+    """The part of a rank that in-queue preemption weighs (lower outranks). gittins weighs its las level alone:
+    its index orders jobs inside a level but never preempts over it. (Weighing the index made the Philly window
+    thrash: the index of Philly's sizes is not monotone and moves at every doubling of service, so fresh jobs and
+    jobs a bucket apart took each other's GPUs 149k times, each preemption losing the work since a checkpoint.)"""
+    return (k[0], 0.0) if policy is Policy.GITTINS else (k[0], k[1])
 
 
 def preemptive(policy: Policy) -> bool:
@@ -158,15 +168,18 @@ def in_queue_victims(policy: Policy, now: float, waiting: Sequence[Standing], ru
     given (the RM tells their AMs to plan now).
     """
     key = rank(policy, now, thresholds, gittins)
-    rk = {s.job_id: key(s) for s in running}
+    full = {s.job_id: key(s) for s in running}
+    rk = {job_id: preempt_rank(policy, k) for job_id, k in full.items()}
+    # Inside one preemption rank, gittins gives up the lowest index first (others keep their order as given).
+    within = {job_id: k[1] if policy is Policy.GITTINS else 0.0 for job_id, k in full.items()}
     free = {r.node_id: r.free for r in servers}
     idle = sum(free.values())
     biggest = max((r.size for r in servers), default=0)
     victims: list[tuple[str, str]] = []
     # Jobs that may be preempted, lowest-ranked first; `pool[:n]` are those a job ranked k outranks, where n is
     # where (-k0, -k1) would go in `negated` (their ranks, negated: ascending).
-    pool = sorted((r for r in running if now - r.running_since >= min_run_s), key=lambda r: rk[r.job_id],
-                  reverse=True)
+    pool = sorted((r for r in running if now - r.running_since >= min_run_s),
+                  key=lambda r: (rk[r.job_id], within[r.job_id], full[r.job_id][2]), reverse=True)
 
     # Where the pool's jobs hold GPUs, their ranks negated, and the GPUs of the first n of them. Victims leave
     # the pool in place (their GPUs count no more), so the places and ranks stay as they are.
@@ -186,9 +199,10 @@ def in_queue_victims(policy: Policy, now: float, waiting: Sequence[Standing], ru
         level = (levels or {}).get(w.job_id, "") or "packed"
         if (w.gpus, level) in hopeless or biggest <= 0:
             continue
-        kw = key(w)
+        kw = preempt_rank(policy, key(w))
         n = bisect.bisect_left(negated, (-kw[0], -kw[1]))  # how many it outranks (not by submit order alone)
-        chosen = _compact_room(w.gpus, level, servers, free, on, n, biggest) \
+        # gittins: between rooms of equal cost, the one whose victims have the lowest index.
+        chosen = _compact_room(w.gpus, level, servers, free, on, n, biggest, policy is Policy.GITTINS) \
             if idle + room_gpus[n] >= w.gpus else None
         if chosen is None:
             hopeless.add((w.gpus, level))

@@ -83,9 +83,9 @@ class Standings:
         return s, key, starve_at
 
     def running_rank(self, job: Job, policy: Policy, now: float) -> tuple[tuple[float, float], float, float]:
-        """A running job: (its rank without the submit order, the earliest time that may worsen, when its run
-        started; -1 if none started). Cached while its learners stay as they are, until that time. (An srtf rank
-        only improves as the job runs, so an older one is a safe bound.)"""
+        """A running job: (its rank as in-queue preemption weighs it (`priority.preempt_rank`), the earliest time
+        that may worsen, when its run started; -1 if none started). Cached while its learners stay as they are,
+        until that time. (An srtf rank only improves as the job runs, so an older one is a safe bound.)"""
         runs = self._runs.get(job.job_id)
         cached = self._run_rank.get(job.job_id)
         version = self.gittins.version
@@ -96,7 +96,7 @@ class Standings:
         if s.running_since < 0:
             return (0.0, 0.0), float("inf"), -1.0
         k = priority.rank(policy, now, self.las_thresholds, self.gittins)(s)
-        out = ((k[0], k[1]), priority.rank_changes_at(policy, s, now, self.las_thresholds, self.gittins),
-               s.running_since)
+        out = (priority.preempt_rank(policy, k),
+               priority.rank_changes_at(policy, s, now, self.las_thresholds, self.gittins), s.running_since)
         self._run_rank[job.job_id] = (self._runs[job.job_id], policy, version, *out)
         return out

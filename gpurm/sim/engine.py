@@ -320,7 +320,9 @@ class Engine:
                                           tj.locality.mode if tj.locality is not None else None)
                            if self.runtime is not None else 0.0)
             # The simulator's cost-based AM knows each job's run time from the trace (an oracle, like srtf).
-            relax = (CostRelax(tj.duration_s, sensitivity=sensitivity if self.runtime is not None else 1.0)
+            # Its slowdowns come from the run-time model's constants (the defaults under `ideal`).
+            relax = (CostRelax(tj.duration_s, sensitivity=sensitivity if self.runtime is not None else 1.0,
+                               config=self.runtime or RuntimeConfig())
                      if self.options.relax is RelaxPolicy.COST else None)
             master = Master(job.spec, now, rng=random.Random(seed), relax=relax)
             am = SimAM(effect.job_id, tj, master, effect.am_attempt, effect.container_id, effect.node_id)

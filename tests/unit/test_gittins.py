@@ -58,30 +58,56 @@ def learned(sizes: list[float]) -> GittinsIndex:
     return g
 
 
-def test_gittins_ranks_as_las_until_ready_then_by_index() -> None:
+def test_gittins_ranks_as_las_until_ready_then_by_level_then_index() -> None:
     jobs = [st("long", 1, attained=100.0), st("new", 2)]
     assert rank(Policy.GITTINS, 0.0, gittins=GittinsIndex())(jobs[0]) == rank(Policy.LAS, 0.0)(jobs[0])
-    # Sizes 60 or 480: a job at 100 (surely a 480 one) has index 1/420 < a new job's 1/120: the new one first.
+    # Sizes 60 or 480: a job at 100 (surely a 480 one) has index 1/420 < a new job's 1/120: inside las level 0,
+    # the new one first (las: submit order, the older first).
     key = rank(Policy.GITTINS, 0.0, gittins=learned([60.0, 480.0]))
     assert [s.job_id for s in sorted(jobs, key=key)] == ["new", "long"]
-    # The rank may move only when the running job's service crosses its bucket's edge (120 GPU-s, 2 GPUs: 10 s).
+    assert [s.job_id for s in sorted(jobs, key=rank(Policy.LAS, 0.0))] == ["long", "new"]
+    # The las level comes first: past the first threshold (3,600 GPU-s) a job ranks after every level-0 job,
+    # whatever its index.
+    past = st("past", 3, attained=4000.0)
+    assert sorted([past, *jobs], key=key)[-1] is past
+    # The rank in-queue preemption weighs moves only at the las thresholds: a running job at 100 GPU-s on 2 GPUs
+    # reaches 3,600 in 1,750 s (not at the index's next bucket edge, 120 GPU-s).
     running = st("r", 3, gpus=2, attained=100.0, running_since=0.0)
-    assert rank_changes_at(Policy.GITTINS, running, 50.0, gittins=learned([60.0, 480.0])) == pytest.approx(60.0)
+    assert rank_changes_at(Policy.GITTINS, running, 50.0, gittins=learned([60.0, 480.0])) == pytest.approx(1800.0)
 
 
 def test_a_starved_job_is_promoted_under_gittins_too() -> None:
     s = st("old", 1, attained=100.0, waiting_since=0.0)
-    _, starve_at = waiting_rank(Policy.GITTINS, s, gittins=learned([60.0, 480.0]))
+    g = learned([60.0, 480.0])
+    _, starve_at = waiting_rank(Policy.GITTINS, s, gittins=g)
     assert starve_at == pytest.approx(8 * 100.0)
-    assert rank(Policy.GITTINS, 1000.0, gittins=learned([60.0, 480.0]))(s)[:2] == (0.0, 0.0)
+    # Level 0, and first inside it: ahead of a new job with the best index.
+    key = rank(Policy.GITTINS, 1000.0, gittins=g)
+    assert key(s)[0] == 0.0 and key(s) < key(st("new", 2))
 
 
-def test_gittins_preempts_inside_a_queue_for_a_higher_index() -> None:
+def test_gittins_does_not_preempt_inside_a_las_level() -> None:
     # Sizes 60 or 480. A job past 240 GPU-s (sure to be a 480 one) has index 1/240, a new job 1/120: the new job
-    # outranks it and takes its GPUs; under las both are at level 0 and nobody is preempted.
+    # runs first when both wait, but does not take a running job's GPUs over it: both are at las level 0. (Weighing
+    # the index made the Philly window thrash: 149k preemptions, each losing the work since a checkpoint.)
     g = learned([60.0, 480.0])
     running = [st("long", 1, gpus=4, attained=400.0, running_since=0.0)]
     waiting = [st("new", 2, gpus=4)]
     args = (500.0, waiting, running, [Room("n0", "r0", 4, 0)], {"long": {"n0": 4}})
-    assert in_queue_victims(Policy.GITTINS, *args, min_run_s=60, gittins=g) == [("long", "new")]
+    assert in_queue_victims(Policy.GITTINS, *args, min_run_s=60, gittins=g) == []
     assert in_queue_victims(Policy.LAS, *args, min_run_s=60) == []
+
+
+def test_gittins_preempts_across_levels_the_lowest_index_first() -> None:
+    # Sizes 60, 5,000 and 20,000 GPU-s. Both running jobs are past the first las threshold (level 1); the one at
+    # 8,000 (surely a 20,000 one) has a lower index than the one at 4,000 (maybe a 5,000 one): a new job needing
+    # one server's room takes the 8,000 one's.
+    g = learned([60.0, 5000.0, 20000.0])
+    assert g.index(8000.0) < g.index(4000.0)
+    running = [st("near", 1, gpus=4, attained=4000.0, running_since=0.0),
+               st("far", 2, gpus=4, attained=8000.0, running_since=0.0)]
+    waiting = [st("new", 3, gpus=4)]
+    rooms = [Room("n0", "r0", 4, 0), Room("n1", "r0", 4, 0)]
+    held = {"near": {"n0": 4}, "far": {"n1": 4}}
+    assert in_queue_victims(Policy.GITTINS, 500.0, waiting, running, rooms, held, min_run_s=60,
+                            gittins=g) == [("far", "new")]
