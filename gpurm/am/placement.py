@@ -303,6 +303,16 @@ def _plan(view: View, gpus: int, level: LocalityLevel, avoided: set[str], salt: 
     if level is LocalityLevel.ANY:
         chosen = _choose(candidates, gpus, max_servers=None, salt=salt)
         return Plan(level, chosen) if chosen else None
+    most_free = view.max_free if not avoided else max((len(s.free) for s in candidates), default=0)
+    if most_free >= gpus:
+        # Some server holds the job: a one-server plan beats every other at `packed` and `rack`, so the ranking
+        # below comes down to this (the same answer, ties included, without planning in every domain).
+        fits = [s for s in candidates if len(s.free) >= gpus]
+        keys = [(len(s.free) - gpus, domain_free[s.domain]) for s in fits]
+        least = min(keys)
+        tight = [s for s, k in zip(fits, keys, strict=True) if k == least]
+        best = tight[0] if len(tight) == 1 else min(tight, key=lambda s: (tie(s.domain), tie(s.node_id)))
+        return Plan(level, [_part(best, gpus)])
     cap = (view.fewest_servers(gpus) if not avoided else fewest_servers(gpus, usable)) \
         if level is LocalityLevel.PACKED else None
     # Every domain's own best plan, then the plan that fits most tightly: the fewest servers, the fewest GPUs left
