@@ -5,9 +5,17 @@ Locality levels, strictest first (Philly's):
 - packed: the fewest servers the job could ever fit on, all in one rack / IB domain;
 - rack:   any number of servers in one rack / IB domain;
 - any:    anywhere, fewest servers first.
-Inside a level: the rack with the most candidate servers wins; inside the rack, best fit (the server whose free
-GPUs match the need, fewest GPUs left over); on a server, a learner's GPUs stay on NVLink peers when the
-topology is known.
+Inside a level, fragmentation-aware packing (best fit at every scale, after HiveD's buddy cells): keep whole
+servers and whole racks free for the big jobs that need them.
+- A job that fits on one server goes to the fullest server where it fits (the fewest GPUs left over), and among
+  equally full servers to the fullest rack / IB domain.
+- A multi-server job takes, in each domain, the fullest servers while none fits the rest, then the tightest one
+  that does (whole free servers first: a server with all 8 free is the fullest pick for what is left); among the
+  domains that can hold it, the plan with the fewest servers, then the fewest GPUs left over on the servers it
+  touches, then the domain with the fewest free GPUs (the tightest rack) wins.
+- At `any`, the fullest servers anywhere while none fits the rest, then the tightest.
+On a server, a learner's GPUs stay on NVLink peers when the topology is known. Ties between equally good choices
+go to a per-AM order (`salt`), so AMs planning from one view spread over them.
 """
 
 from __future__ import annotations
@@ -283,28 +291,48 @@ def _plan(view: View, gpus: int, level: LocalityLevel, avoided: set[str], salt: 
         candidates = view.candidates()
         by_domain = view.by_domain()
     tie = _tie(salt)
+    # Best fit at both scales (module doc): the free GPUs of each domain rank its servers and its plans.
+    domain_free = {d: sum(len(s.free) for s in members) for d, members in by_domain.items()} if avoided \
+        else view._domain_free
     if level is LocalityLevel.NODE:
         fits = [s for s in candidates if len(s.free) >= gpus]
         if not fits:
             return None
-        per_domain = {d: len(members) for d, members in by_domain.items()}
-        best = _best(fits, lambda s: (len(s.free) - gpus, -per_domain[s.domain]), _name, tie)
+        best = _best(fits, lambda s: (len(s.free) - gpus, domain_free[s.domain]), _name, tie)
         return Plan(level, [_part(best, gpus)])
     if level is LocalityLevel.ANY:
         chosen = _choose(candidates, gpus, max_servers=None, salt=salt)
         return Plan(level, chosen) if chosen else None
+    most_free = view.max_free if not avoided else max((len(s.free) for s in candidates), default=0)
+    if most_free >= gpus:
+        # Some server holds the job: a one-server plan beats every other at `packed` and `rack`, so the ranking
+        # below comes down to this (the same answer, ties included, without planning in every domain).
+        fits = [s for s in candidates if len(s.free) >= gpus]
+        keys = [(len(s.free) - gpus, domain_free[s.domain]) for s in fits]
+        least = min(keys)
+        tight = [s for s, k in zip(fits, keys, strict=True) if k == least]
+        best = tight[0] if len(tight) == 1 else min(tight, key=lambda s: (tie(s.domain), tie(s.node_id)))
+        return Plan(level, [_part(best, gpus)])
     cap = (view.fewest_servers(gpus) if not avoided else fewest_servers(gpus, usable)) \
         if level is LocalityLevel.PACKED else None
-    # The domain with the most candidate servers first; ties to the one that leaves the least over.
-    primary = {d: (-len(members), sum(len(s.free) for s in members)) for d, members in by_domain.items()}
-    ranked = sorted(by_domain, key=primary.__getitem__)
-    if len(set(primary.values())) != len(ranked):
-        ranked.sort(key=lambda d: (primary[d], tie(d)))       # only equal primaries need the (costly) tie
-    for d in ranked:
-        chosen = _choose(by_domain[d], gpus, max_servers=cap, salt=salt)
+    # Every domain's own best plan, then the plan that fits most tightly: the fewest servers, the fewest GPUs left
+    # over on the servers it touches, then the fullest domain (an emptier one stays whole for a bigger job).
+    ranked: list[tuple[tuple[int, int, int], str, list[Part]]] = []
+    for d, members in by_domain.items():
+        if domain_free[d] < gpus:
+            continue
+        chosen = _choose(members, gpus, max_servers=cap, salt=salt)
         if chosen:
-            return Plan(level, chosen)
-    return None
+            free_on = view.free_on
+            left = sum(free_on[p.node_id] - p.gpus for p in chosen)
+            ranked.append(((len(chosen), left, domain_free[d]), d, chosen))
+    if not ranked:
+        return None
+    low = min(r[0] for r in ranked)
+    best_plans = [r for r in ranked if r[0] == low]
+    if len(best_plans) > 1:
+        best_plans.sort(key=lambda r: tie(r[1]))       # only equal plans need the (costly) tie
+    return Plan(level, best_plans[0][2])
 
 
 def _name(s: ServerView) -> str:

@@ -83,6 +83,50 @@ def test_a_job_that_fits_keeps_its_levels_and_relaxes_after_the_timeout() -> Non
     assert m.level is LocalityLevel.RACK
 
 
+# ---------------------------------------------------------------- a job that fits on one server
+
+def relax_once(m: Master, now: float) -> float:
+    """Time the level out and end the back-off; returns the clock after."""
+    m.step(now + 60.0)
+    assert m.phase is Phase.BACKOFF
+    m.step(m.backoff_until)
+    return m.backoff_until
+
+
+def test_a_job_that_fits_on_one_server_waits_for_one_and_is_never_split() -> None:
+    # Two servers with 4 free each: an 8-GPU job could run split now, but it waits for one whole server.
+    m = master(spec(8), [srv("a", "r1", 4), srv("b", "r1", 4)])
+    now = 0.0
+    while now < 6 * 3600.0:
+        m.step(now + 60.0)
+        assert m.phase is Phase.BACKOFF
+        assert "then trying packed again (it fits on one server" in m.waiting_reason(now + 60.0)
+        now = m.backoff_until
+        m.step(now)
+        assert m.level is LocalityLevel.PACKED and m.phase is Phase.PLANNING and m.asks() == []
+    m.on_view([srv("a", "r1", 8), srv("b", "r1", 4)], now + 1.0)
+    assert m.asks() == [("a", 8, tuple(range(8)))]
+
+
+def test_catch_up_skips_idle_cycles_of_a_one_server_job() -> None:
+    m = master(spec(4), racks(2, 4))
+    m.catch_up(100_000.0)
+    assert m.level is LocalityLevel.PACKED and m.phase in (Phase.BACKOFF, Phase.PLANNING)
+
+
+def test_jobs_the_one_server_rule_does_not_concern_relax_as_before() -> None:
+    # A 1-GPU job loses nothing by relaxing (every level is one server); a 16-GPU job never fits on one server.
+    for gpus in (1, 16):
+        m = master(spec(gpus), racks(2, 4))
+        relax_once(m, 0.0)
+        assert m.level is LocalityLevel.RACK
+    # `locality: any` says the job does not mind being split; a start level past packed is honoured too.
+    fragmented = [srv("a", "r1", 4), srv("b", "r1", 4)]
+    for job in (spec(8, mode=LocalityMode.ANY), spec(8, start=LocalityLevel.RACK)):
+        m = master(job, fragmented)
+        assert sorted(m.asks()) == [("a", 4, (4, 5, 6, 7)), ("b", 4, (4, 5, 6, 7))]
+
+
 # ---------------------------------------------------------------- the start level
 
 def test_start_level_node_is_honoured_when_one_server_can_hold_the_job() -> None:
