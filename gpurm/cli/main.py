@@ -262,9 +262,11 @@ def entry() -> None:
     `gpurm sim` ends holding a whole replay (millions of objects): the interpreter's teardown (a full collection,
     then freeing each object) takes a second or more for nothing, as the process is exiting. After it, once
     what was written is flushed, the process ends at once. Every other command exits the ordinary way (the
-    daemons' atexit hooks and finalizers run). main() itself never exits, so tests call it in-process."""
+    daemons' atexit hooks and finalizers run), and so does every command under a profiler or tracer (cProfile,
+    coverage: they write their results at exit). main() itself never exits, so tests call it in-process."""
     code = main()
-    if sys.argv[1:2] and sys.argv[1] in _FAST_EXIT:
+    watched = sys.getprofile() is not None or sys.gettrace() is not None
+    if sys.argv[1:2] and sys.argv[1] in _FAST_EXIT and not watched:
         logging.shutdown()
         try:
             sys.stdout.flush()
