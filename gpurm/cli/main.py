@@ -7,6 +7,7 @@ job or an unreachable RM (a one-line message says what to do); 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -259,14 +260,20 @@ _FAST_EXIT = ("sim",)
 def entry() -> None:
     """The `gpurm` console script: main(), then exit.
 
-    `gpurm sim` ends holding a whole replay (millions of objects): the interpreter's teardown (a full collection,
-    then freeing each object) takes a second or more for nothing, as the process is exiting. After it, once
-    what was written is flushed, the process ends at once. Every other command exits the ordinary way (the
-    daemons' atexit hooks and finalizers run), and so does every command under a profiler or tracer (cProfile,
-    coverage: they write their results at exit). main() itself never exits, so tests call it in-process."""
-    code = main()
+    `gpurm sim` holds a whole replay (hundreds of thousands of objects, most of them in reference cycles) until the
+    process ends. The cyclic collector stays off for the whole command: switched back on, its first collection
+    walks every object the replay made and frees the engine's cycles (1-3 s, more for long replays), and the
+    interpreter's teardown (a full collection, then freeing each object) costs as much again, for a process that
+    is exiting anyway. So the process ends at once after main(), once what was written is flushed. Every other
+    command exits the ordinary way (the daemons' atexit hooks and finalizers run), and so does every command under
+    a profiler or tracer (cProfile, coverage: they write their results at exit). main() itself never exits nor
+    touches the collector, so tests call it in-process."""
     watched = sys.getprofile() is not None or sys.gettrace() is not None
-    if sys.argv[1:2] and sys.argv[1] in _FAST_EXIT and not watched:
+    quick = bool(sys.argv[1:2]) and sys.argv[1] in _FAST_EXIT and not watched
+    if quick:
+        gc.disable()
+    code = main()
+    if quick:
         logging.shutdown()
         try:
             sys.stdout.flush()
