@@ -145,9 +145,9 @@ def _gc_paused() -> Iterator[None]:
     """The cyclic collector off for the block, as it was after.
 
     The engine turns it off while it replays (Engine.run), but a run keeps the whole replay alive while it
-    summarizes and writes: with the collector back on, each young collection walks the millions of objects the
-    replay made while it was off (they were never aged), and the summary, the CSVs and the plots paid seconds for
-    collections that find nothing. The run is one pass that frees everything at its end."""
+    summarizes and writes: with the collector back on, each young collection walks the hundreds of thousands of
+    objects the replay made while it was off (they were never aged), and the summary, the CSVs and the plots paid a
+    second and more for collections that found nothing (the replay is still alive)."""
     was_on = gc.isenabled()
     gc.disable()
     try:
