@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from gpurm.cli.client import CliError
 
@@ -257,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 _FAST_EXIT = ("sim",)
 
 
-def entry() -> None:
+def entry() -> NoReturn:
     """The `gpurm` console script: main(), then exit.
 
     `gpurm sim` holds a whole replay (hundreds of thousands of objects, most of them in reference cycles) until the
