@@ -53,6 +53,7 @@ submits at 0. For formats with dates (`philly-csv`, `philly-joblog`) a bound is 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gzip
 import io
 import json
@@ -165,6 +166,32 @@ class _Read:
     jobs: list[_Raw] = field(default_factory=list)
     fixed: list[tuple[float | None, int, str]] = field(default_factory=list)  # (at, line, reason)
     skipped: list[tuple[float | None, int, str]] = field(default_factory=list)
+
+
+def tile(trace: Trace, copies: int) -> Trace:
+    """The trace repeated `copies` times back to back: a bigger workload of the same shape, for measuring how the
+    simulator's cost grows (scripts/bench/sim_speed --tile; the shared Philly window has 24,137 jobs, Philly 82k).
+
+    Copy k (from 0) is every job shifted by k periods, the period being the trace's span plus its mean gap between
+    submissions (rounded up to a whole second), so copies neither overlap nor leave a hole; its job ids and users
+    get the suffix `~k` (copy 0 keeps the originals), so every job is distinct (the `placement` model's
+    sensitivity draw, seeded by the job id, differs per copy) while the queues stay the same. The offered load per
+    second, and so the load factor on the same cluster, is the original's. Deterministic: the same trace and
+    count give the same jobs."""
+    if copies < 1:
+        raise ValueError(f"tile: copies must be at least 1, got {copies}")
+    if copies == 1 or not trace.jobs:
+        return trace
+    # Whole seconds, so shifted submissions stay as exact as the originals.
+    gap = math.ceil(trace.span_s / (len(trace.jobs) - 1)) if len(trace.jobs) > 1 else 1.0
+    period = trace.span_s + max(gap, 1.0)
+    jobs = list(trace.jobs)
+    for k in range(1, copies):
+        shift = k * period
+        jobs.extend(dataclasses.replace(j, job_id=f"{j.job_id}~{k}", user=f"{j.user}~{k}" if j.user else "",
+                                        submit_s=j.submit_s + shift, line=j.line + k * len(trace.jobs))
+                    for j in trace.jobs)
+    return dataclasses.replace(trace, jobs=jobs, source=f"{trace.source} x{copies}")
 
 
 def split_window(text: str) -> tuple[str, str]:

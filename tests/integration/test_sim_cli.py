@@ -124,3 +124,17 @@ def test_runtime_model_flags(tmp_path: Path) -> None:
         r = gpurm(*base, "--out", str(tmp_path / "bad"), *flags)
         assert r.returncode == 2, (flags, r.stdout, r.stderr)
         assert named in r.stderr, (flags, r.stderr)
+
+
+def test_the_quick_exit_flushes_everything_and_spares_profilers(tmp_path: Path) -> None:
+    # `gpurm sim` ends without the interpreter's teardown (cli/main.py entry): what it printed must all arrive, and
+    # a profiler, which writes its results at exit, must still get to write them.
+    trace = write_jsonl(tmp_path / "t.jsonl", JOBS)
+    profile = tmp_path / "sim.prof"
+    r = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "gpurm.cli.main", "sim",
+                        "--trace", str(trace), "--format", "jsonl", "--cluster", "1x2x8", "--out",
+                        str(tmp_path / "o"), "--no-plots", "-o", "json"],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["finished"] == 3
+    assert profile.stat().st_size > 0

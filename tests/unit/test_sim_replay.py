@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import math
 from pathlib import Path
@@ -55,3 +56,17 @@ def test_replay_of_2000_philly_jobs(head_trace: Path, tmp_path: Path, policy: Po
         assert s["preemptions"] == sum(q["preemptions"] for q in s["per_queue"].values())
         for name in ("jct_cdf.png", "queue_delay_by_size.png", "utilization.png", "queue_shares.png"):
             assert (out / name).stat().st_size > 1000
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_run_leaves_the_garbage_collector_as_it_found_it(tmp_path: Path, enabled: bool) -> None:
+    # run() turns the collector off for the whole run (replay, summary, files): it must hand it back as it was.
+    trace = Path(__file__).resolve().parents[1] / "data" / "sim" / "philly_small.csv"
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        outcome = run(SimRequest(trace, "philly-csv", "1x2x8", tmp_path, plots=False))
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert outcome.summary["finished"] == 5

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpurm.sim.trace import TraceError, load_trace, split_window
+from gpurm.sim.trace import TraceError, load_trace, split_window, tile
 from tests.conftest import philly_data
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sim"
@@ -49,6 +49,28 @@ def test_philly_csv_values_sorted_and_rebased() -> None:
     assert trace.gpu_seconds() == 8 * 3600 + 600 + 4 * 100.5 + 2 * 1.0 + 16 * 7200
     assert trace.span_s == 172800.0
     assert trace.queues() == ["q1", "q2", "research.nlp"]
+
+
+def test_tile_repeats_the_trace_back_to_back_with_new_ids() -> None:
+    trace = load_trace(DATA / "philly_small.csv", "philly-csv")
+    tiled = tile(trace, 3)
+    n = len(trace.jobs)
+    assert len(tiled.jobs) == 3 * n
+    period = 172800.0 + 43200.0         # the span, then its mean gap between the 5 submissions (172800 / 4)
+    for k in range(3):
+        copy = tiled.jobs[k * n:(k + 1) * n]
+        assert [j.submit_s for j in copy] == [j.submit_s + k * period for j in trace.jobs]
+        assert [(j.gpus, j.duration_s, j.queue) for j in copy] == [(j.gpus, j.duration_s, j.queue) for j in trace.jobs]
+        assert [j.job_id for j in copy] == [j.job_id + (f"~{k}" if k else "") for j in trace.jobs]
+    assert len({j.job_id for j in tiled.jobs}) == 3 * n
+    assert [j.submit_s for j in tiled.jobs] == sorted(j.submit_s for j in tiled.jobs)
+    assert tiled.queues() == trace.queues()
+    assert tiled.gpu_seconds() == 3 * trace.gpu_seconds()
+    # The same offered work per second of submissions: the load factor on a cluster is the original's.
+    assert tiled.gpu_seconds() / (tiled.span_s + period - trace.span_s) == trace.gpu_seconds() / period
+    assert tile(trace, 1) is trace
+    with pytest.raises(ValueError, match="copies"):
+        tile(trace, 0)
 
 
 def test_philly_csv_window_by_dates() -> None:
