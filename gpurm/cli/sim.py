@@ -148,6 +148,14 @@ def _runtime_line(s: dict[str, object]) -> str:
             f"restart {format_duration(float(runtime['restart_cost_s']))})")
 
 
+def _fairness_line(s: dict[str, object]) -> str:
+    f = s.get("fairness")
+    if not isinstance(f, dict) or not f.get("worst_queue"):
+        return "none (no queue waited below its share)"
+    return (f"{f['worst_queue']}: {_num(f['max_below_share_s'])} ({100 * float(f['max_below_share_fraction']):.1f}% "
+            f"of the makespan); mean over queues {_num(f['mean_below_share_s'])}")
+
+
 def _print_summary(s: dict[str, object]) -> None:
     rows: list[list[object]] = [
         ["jobs", f"{s['jobs']} ({s['finished']} finished)"],
@@ -163,6 +171,7 @@ def _print_summary(s: dict[str, object]) -> None:
         ["mean placement slowdown", _num(s["mean_slowdown"], "")],
         ["GPU-hours lost: preemption / failures",
          f"{_num(s['gpu_hours_lost_preemption'], '')} / {_num(s['gpu_hours_lost_failures'], '')}"],
+        ["time below fair share: worst queue", _fairness_line(s)],
         ["JCT excess over the trace avg / p99",
          " / ".join(_num(s[k]) for k in ("avg_jct_excess_s", "p99_jct_excess_s"))],
         ["wall time", f"{s['wall_s']:.1f}s"],
@@ -184,5 +193,5 @@ def _print_summary(s: dict[str, object]) -> None:
     qrows: list[list[object]] = []
     for name, q in sorted(per_queue.items(), key=lambda kv: -float(kv[1]["gpu_time_share"])):
         qrows.append([name, q["jobs"], _num(q["avg_jct_s"]), _num(q["avg_queue_s"]), q["preemptions"],
-                      f"{100 * q['gpu_time_share']:.1f}%"])
-    table(["QUEUE", "JOBS", "AVG JCT", "AVG QUEUEING", "PREEMPTED", "GPU-TIME SHARE"], qrows)
+                      f"{100 * q['gpu_time_share']:.1f}%", _num(q.get("below_share_s", 0.0))])
+    table(["QUEUE", "JOBS", "AVG JCT", "AVG QUEUEING", "PREEMPTED", "GPU-TIME SHARE", "BELOW SHARE"], qrows)

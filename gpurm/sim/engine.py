@@ -246,6 +246,7 @@ class Engine:
                     done_before = len(self.results)
                 progress(now - ORIGIN, len(self.results), len(self.trace.jobs))
         self.finish_unfinished()
+        self.timeline.close_below(self.timeline.times[-1] if self.timeline.times else 0.0)
         wall = time.perf_counter() - t0
         return SimResult(self.results, self.timeline, self.capacity, wall, self.n_events, self.n_settles,
                          sum(r.preemptions for r in self.results))
@@ -802,7 +803,9 @@ class Engine:
     # ------------------------------------------------------------ metrics
 
     def record_usage(self, now: float) -> None:
-        used = self.core.queues.used
+        book = self.core.queues
+        self.timeline.mark_below(now - ORIGIN, book.waiting(book.shares(self.core.cluster.capacity)))
+        used = book.used
         leaves = list(self.timeline.per_queue)
         snapshot = tuple(used.get(q, 0) for q in leaves)
         if snapshot == self._last_used:

@@ -27,10 +27,10 @@ Definitions used in `summary.json`:
   restart cost of the attempt after it (0 under `ideal`, whose checkpoints are instant and restarts free).
 - `avg_jct_excess_s` / `p50_jct_excess_s` / `p99_jct_excess_s`: JCT minus the trace's run time, over finished
   jobs: everything a job lost to waiting, slow placements and preemption.
-- Fairness (time each queue spent below its fair share while it had demand) is not reported: the fair share
-  depends on every queue's demand at each instant, which the engine would have to recompute from the queue tree
-  after every settle (the RM computes it only for the queues it schedules); `per_queue[q].gpu_time_share`
-  against the queue's weight is the cheap proxy.
+- `per_queue[q].below_share_s`: seconds queue q spent below its instantaneous fair share while it wanted more
+  GPUs than it had (the RM's `QueueBook.waiting`, taken after every settle: the set holds until the next);
+  `fairness`: the queue with the most such time (`worst_queue`, `max_below_share_s`, and that as a share of the
+  makespan) and the mean over the queues that ever were below their share.
 
 Nothing here imports matplotlib: plots live in `plots.py`, so reading a summary stays cheap.
 """
@@ -144,6 +144,25 @@ class Timeline:
     times: list[float] = field(default_factory=list)
     allocated: list[int] = field(default_factory=list)
     per_queue: dict[str, list[int]] = field(default_factory=dict)
+    # Fairness: seconds each leaf queue spent below its instantaneous fair share while it wanted more GPUs than
+    # it had (the RM's `QueueBook.waiting`), and the set below it since `_below_since`.
+    below_share_s: dict[str, float] = field(default_factory=dict)
+    _below: frozenset[str] = frozenset()
+    _below_since: float = 0.0
+
+    def mark_below(self, now: float, below: Iterable[str]) -> None:
+        """From `now` on, the queues in `below` are the ones below their share with unmet demand."""
+        below = frozenset(below)
+        if below == self._below:
+            return
+        self.close_below(now)
+        self._below = below
+
+    def close_below(self, now: float) -> None:
+        """Count the time since the last change for the queues below their share then."""
+        for name in self._below:
+            self.below_share_s[name] = self.below_share_s.get(name, 0.0) + max(0.0, now - self._below_since)
+        self._below_since = now
 
     def record(self, now: float, per_queue: Mapping[str, int]) -> None:
         """Append the allocation per queue at `now` (queues not named hold 0).
@@ -247,6 +266,9 @@ def summarize(results: list[JobResult], timeline: Timeline, capacity_gpus: int, 
         by_class[locality_class(r.gpus)].append(r)
     excess = sorted(r.finish_s - r.submit_s - r.duration_s for r in done if r.finish_s is not None)
 
+    below: dict[str, float] = {}
+    for name, seconds in timeline.below_share_s.items():
+        below[queue_key(name)] = below.get(queue_key(name), 0.0) + seconds
     queue_gpu_s: dict[str, float] = {}
     for name, gpu_s in timeline.queue_integrals(first_submit, last_finish).items():
         queue_gpu_s[queue_key(name)] = queue_gpu_s.get(queue_key(name), 0.0) + gpu_s
@@ -255,7 +277,7 @@ def summarize(results: list[JobResult], timeline: Timeline, capacity_gpus: int, 
     for r in results:
         by_queue.setdefault(queue_key(r.queue), []).append(r)
     per_queue: dict[str, object] = {}
-    for name in sorted(by_queue.keys() | queue_gpu_s.keys()):
+    for name in sorted(by_queue.keys() | queue_gpu_s.keys() | below.keys()):
         jobs = by_queue.get(name, [])
         per_queue[name] = {
             "jobs": len(jobs),
@@ -265,6 +287,7 @@ def summarize(results: list[JobResult], timeline: Timeline, capacity_gpus: int, 
             "retries": sum(r.retries for r in jobs),
             "gpu_seconds_allocated": queue_gpu_s.get(name, 0.0),
             "gpu_time_share": queue_gpu_s.get(name, 0.0) / total_queue_gpu_s if total_queue_gpu_s > 0 else 0.0,
+            "below_share_s": below.get(name, 0.0),
         }
 
     by_size: dict[str, list[float]] = {c: [] for c in SIZE_CLASSES}
@@ -299,6 +322,7 @@ def summarize(results: list[JobResult], timeline: Timeline, capacity_gpus: int, 
         "mean_slowdown_multi_server": _weighted_slowdown([r for r in results if r.servers > 1]),
         "gpu_hours_lost_preemption": math.fsum(r.lost_preemption_gpu_s for r in results) / 3600.0,
         "gpu_hours_lost_failures": math.fsum(r.lost_failure_gpu_s for r in results) / 3600.0,
+        "fairness": _fairness(below, makespan),
         "avg_jct_excess_s": _mean(excess),
         "p50_jct_excess_s": percentile(excess, 50),
         "p99_jct_excess_s": percentile(excess, 99),
@@ -310,6 +334,18 @@ def summarize(results: list[JobResult], timeline: Timeline, capacity_gpus: int, 
             raise ValueError(f"summary: extra key {key!r} would replace a computed metric")
         summary[key] = value
     return summary
+
+
+def _fairness(below: Mapping[str, float], makespan: float) -> dict[str, object]:
+    """How long queues spent below their fair share while they wanted more: the worst queue and the mean over
+    the queues that ever were (seconds, and as a share of the makespan)."""
+    if not below:
+        return {"worst_queue": None, "max_below_share_s": 0.0, "mean_below_share_s": 0.0,
+                "max_below_share_fraction": 0.0}
+    worst = max(sorted(below), key=lambda q: below[q])
+    return {"worst_queue": worst, "max_below_share_s": below[worst],
+            "mean_below_share_s": math.fsum(below.values()) / len(below),
+            "max_below_share_fraction": below[worst] / makespan if makespan > 0 else 0.0}
 
 
 def _json_safe(value: object) -> object:

@@ -8,6 +8,8 @@ when the GPUs it needs come free instead of at a random back-off.
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from gpurm.queues.tree import Policy, PreemptionSettings, QueueDef, QueueTree
@@ -169,3 +171,17 @@ def test_jobs_the_queue_config_refuses_are_rejected_and_acls_are_not_checked() -
     assert jobs["small"].state == "SUCCEEDED"             # bob is not in the ACL: the simulator ignores ACLs
     summary = metrics.summarize(result.results, result.timeline, 8, 0.0, 0.0)
     assert summary["states"]["REJECTED"] == 1 and summary["finished"] == 1
+
+
+def test_fairness_counts_the_time_a_queue_waits_below_its_share() -> None:
+    # One 4-GPU server, queues a and b of equal weight. A (queue a) takes all 4 GPUs until 100; B (queue b, 2 GPUs)
+    # arrives at 10 and waits below its share of 2 until A ends (no preemption in this tree): 90 s. Queue a is
+    # never below its share with demand.
+    trace = trace_of(("A", 0, 4, 100, "a"), ("B", 10, 2, 50, "b"))
+    res = simulate(trace, "1x1x4", policy=Policy.FIFO, locality=LONG)
+    assert by_id(res)["B"].start_s == 100
+    s = metrics.summarize(res.results, res.timeline, 4, 1.0, 0.0)
+    per_queue = cast(dict[str, dict[str, object]], s["per_queue"])
+    assert per_queue["b"]["below_share_s"] == 90.0
+    assert per_queue["a"]["below_share_s"] == 0.0
+    assert cast(dict[str, object], s["fairness"])["worst_queue"] == "b"

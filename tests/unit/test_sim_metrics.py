@@ -6,6 +6,7 @@ import csv
 import json
 import math
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -214,3 +215,27 @@ def test_plots_downsample_long_timelines_keeping_area(tmp_path: Path) -> None:
     results = [job(f"j{i}", f"q{i % 10}", 1 + i % 16, i, i + 1, i + 100 + i % 1000) for i in range(20_000)]
     for p in write_plots(tmp_path, results, tl, 64):
         assert p.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_time_below_share_counts_each_queue_while_it_is_below() -> None:
+    t = Timeline()
+    t.mark_below(0.0, {"a"})
+    t.mark_below(5.0, {"a"})            # no change: the interval goes on
+    t.mark_below(10.0, {"a", "b"})
+    t.mark_below(25.0, set())
+    t.mark_below(30.0, {"b"})
+    t.close_below(40.0)
+    assert t.below_share_s == {"a": 25.0, "b": 25.0}
+
+
+def test_summary_reports_fairness() -> None:
+    t = Timeline()
+    t.record(0.0, {"a": 1})
+    t.record(100.0, {"a": 0})
+    t.below_share_s = {"root.a": 10.0, "root.b": 30.0}
+    r = JobResult("j", "root.a", 1, 0.0, 0.0, 100.0, 100.0, 1, 1, 1, 0, 0, 100.0, "SUCCEEDED")
+    s = summarize([r], t, 1, 1.0, 0.0)
+    assert s["fairness"] == {"worst_queue": "b", "max_below_share_s": 30.0, "mean_below_share_s": 20.0,
+                             "max_below_share_fraction": 0.3}
+    per_queue = cast(dict[str, dict[str, object]], s["per_queue"])
+    assert per_queue["a"]["below_share_s"] == 10.0 and per_queue["b"]["below_share_s"] == 30.0
