@@ -4,13 +4,16 @@ run-time model: the dev cluster's learners run for their wall time), must make t
 is forced (one room fits, or the rooms are alike up to renaming servers of the same shape), and the daemon is driven
 step by step on what it shows (a job running, a waiting reason), not on sleeps.
 
-`fair-share`: 2 racks x 2 servers x 4 GPUs; queues `a` and `b` (weight 1 each, fifo), fair-share preemption after
+`fair-share`: 2 racks x 3 servers x 4 GPUs; queues `a` and `b` (weight 1 each, fifo), fair-share preemption after
 3 s with a 1 s grace.
-1. A1 (a, 8 GPUs) packs on a whole rack;           2. A2 (a, 2) goes to a server of the other rack;
-3. A3 (a, 3) to the only server with 3 free;        -> free: 2 GPUs on one server, 1 on the other, same rack.
-4. R (a, 3, 3 s per level) cannot be packed on one server: it times out at `packed` and relaxes to `rack` (2 + 1).
-5. B1 (b, 8, `--start-level node`) skips `node` (no server has 8 GPUs) and waits at `packed` for a whole rack;
-   queue b is below its share: after 3 s fair share preempts the cheapest room, A1's rack (one job, 8 GPUs;
+1. A1 (a, 12 GPUs) packs on a whole rack;          2. A2 (a, 2) goes to a server of the other rack;
+3. A3 (a, 3) to an empty server there (best fit: the one with 2 free cannot take it)
+                                                    -> free in that rack: 2, 1 and 4 GPUs on its three servers.
+4. R (a, 7, 3 s per level) cannot be packed on its fewest servers (2: at most 4 + 2 free): it times out at
+   `packed` and relaxes to `rack` (all three servers). (A job that fits on one server would not relax: under
+   `prefer` it is never split across servers, am/master.py.)
+5. B1 (b, 12, `--start-level node`) skips `node` (no server has 12 GPUs) and waits at `packed` for a whole rack;
+   queue b is below its share: after 3 s fair share preempts the cheapest room, A1's rack (one job, 12 GPUs;
    the other rack's room would take three jobs). B1 runs 3 s there; A1, requeued, then gets its rack back.
 
 An in-queue (`las`) scenario is not here: in the daemon a victim's AM and the AM of the job it was preempted for
@@ -80,7 +83,7 @@ class Scenario:
 
 
 FAIR_SHARE = Scenario(
-    "fair-share", racks=2, servers_per_rack=2, gpus=4,
+    "fair-share", racks=2, servers_per_rack=3, gpus=4,
     queues="""
 defaults:
   fair_share_preemption_timeout: 3s
@@ -91,12 +94,12 @@ queues:
   b: {}
 """,
     script=(
-        ScriptJob("A1", "a", 8, 0, LONG, {"timeout": "10m"}),
+        ScriptJob("A1", "a", 12, 0, LONG, {"timeout": "10m"}),
         ScriptJob("A2", "a", 2, 10, LONG, {"timeout": "10m"}),
         ScriptJob("A3", "a", 3, 20, LONG, {"timeout": "10m"}),
-        ScriptJob("R", "a", 3, 30, LONG, {"timeout": "3s", "backoff_base": "200ms", "backoff_max": "200ms"},
+        ScriptJob("R", "a", 7, 30, LONG, {"timeout": "3s", "backoff_base": "200ms", "backoff_max": "200ms"},
                   see="level packed"),
-        ScriptJob("B1", "b", 8, 40, 3, {"start_level": "node", "timeout": "10m"}, see=SKIPPED.pattern),
+        ScriptJob("B1", "b", 12, 40, 3, {"start_level": "node", "timeout": "10m"}, see=SKIPPED.pattern),
     ),
     starts=(("A1", 1), ("A2", 1), ("A3", 1), ("R", 1), ("B1", 1), ("A1", 2)),
     preempted=(("A1", 1),))
