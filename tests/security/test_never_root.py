@@ -162,7 +162,8 @@ def test_an_allowed_user_does_run_as_itself(secure: Secure, tmp_path: Path) -> N
     status = secure.agent.start_container(cid, "job-nr-ok", uid_script(box, "uid"), user="nobody")
     assert status.state in (pb.CONTAINER_RUNNING, pb.CONTAINER_EXITED), status
     written = poll(lambda: ((box / "uid").exists() and (box / "uid").read_text().strip()) or None, WAIT,
-                   "the learner never wrote its uid")
+                   lambda: f"the learner never wrote its uid (start: {status}); the agent's log ends:\n"
+                           f"{secure.agent.log_text()[-4000:]}")
     assert written == str(pwd.getpwnam("nobody").pw_uid)
 
 
