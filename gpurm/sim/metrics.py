@@ -74,16 +74,10 @@ def size_class(gpus: int) -> str:
 
 
 def locality_class(gpus: int) -> str:
-    """The class of a job in LOCALITY_CLASSES, or "1" for a one-GPU job."""
-    if gpus <= 1:
-        return "1"
-    if gpus <= 4:
-        return "2-4"
+    """The class of a job in LOCALITY_CLASSES, or "1" for a one-GPU job: the size classes, with ">8" split."""
     if gpus <= 8:
-        return "5-8"
-    if gpus <= 16:
-        return "9-16"
-    return "17+"
+        return size_class(gpus)
+    return "9-16" if gpus <= 16 else "17+"
 
 
 def _share_packed(jobs: Sequence[JobResult]) -> float | None:

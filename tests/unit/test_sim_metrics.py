@@ -14,6 +14,7 @@ from gpurm.sim.metrics import (
     JobResult,
     Timeline,
     load_factor,
+    locality_class,
     percentile,
     read_jobs_csv,
     size_class,
@@ -113,6 +114,8 @@ def test_percentile_nearest_rank() -> None:
 
 def test_size_classes() -> None:
     assert [size_class(g) for g in (1, 2, 4, 5, 8, 9, 32)] == ["1", "2-4", "2-4", "5-8", "5-8", ">8", ">8"]
+    assert [locality_class(g) for g in (1, 2, 4, 5, 8, 9, 16, 17, 32)] == \
+        ["1", "2-4", "2-4", "5-8", "5-8", "9-16", "9-16", "17+", "17+"]
 
 
 def test_timeline_record_and_integral() -> None:
