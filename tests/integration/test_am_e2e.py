@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,9 +163,11 @@ def test_the_am_follows_the_view_over_mqtt(cluster: DevCluster) -> None:
 
 
 def test_without_mqtt_the_am_polls_the_rm_and_the_job_still_runs(tmp_path: Path, broker: TestBroker) -> None:
-    from tests.conftest import free_port
-
-    dead = dataclasses.replace(broker, url=f"mqtt://127.0.0.1:{free_port()}")   # nothing listens there
+    # Hold the port bound without listening for the whole test: connects are refused at once, and no daemon of
+    # the dev cluster can be handed the same port (a released port was once reused, and the AM hung on it).
+    hold = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    hold.bind(("127.0.0.1", 0))
+    dead = dataclasses.replace(broker, url=f"mqtt://127.0.0.1:{hold.getsockname()[1]}")
     c = DevCluster(tmp_path / "c", nodes=2, racks=1, broker=dead)
     try:
         j = c.submit("--gpus", "16", "--", "python3", TOY, "--steps", "3")
@@ -175,3 +178,4 @@ def test_without_mqtt_the_am_polls_the_rm_and_the_job_still_runs(tmp_path: Path,
         assert "rank 1 done" in c.gpurm("logs", j, "--rank", "1").out   # logs still come over gRPC
     finally:
         c.stop()
+        hold.close()
