@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from gpurm.am.elastic import growth_parts
 from gpurm.am.placement import Part, Plan, ServerView, View, as_view, plan
 from gpurm.am.relax import CostRelax, FreeRate
 from gpurm.queues.fields import format_duration
@@ -30,6 +31,8 @@ from gpurm.rm.model import FailureKind, JobState, Learner
 
 USER_ERROR_WINDOW_S = 60.0     # a failure this soon after start, twice with one exit code, is the user's
 STOP_WAIT_S = 60.0             # how long to wait for stopped learners to be reported gone
+GROWTH_PAUSE_S = 60.0          # an elastic job's growth waits this long after a grown learner failed
+SHRINK_GRACE_S = 30.0          # notice to a grown learner the job's own target no longer wants
 
 
 class Phase(enum.Enum):
@@ -98,6 +101,7 @@ class Run:
     pid: int = 0
     exit_code: int = 0
     signal: int = 0
+    extra: bool = False         # an elastic job's growth beyond its gang (am/elastic.py)
 
     @property
     def live(self) -> bool:
@@ -175,6 +179,8 @@ class Master:
         self.plan_replies = 0          # allocate replies since the current plan's asks went out
         self.salt = self.rng.getrandbits(32)   # this AM's own order among equally good servers
         self.skipped = ""              # the levels the cluster's shape ruled out on entering this one, and why
+        self.target = spec.most_gpus   # elastic: the size to grow or shrink toward (`gpurm scale`)
+        self.growth_paused_until = 0.0
         self._new_attempt(first_attempt, now)
 
     # ------------------------------------------------------------ outputs
@@ -188,6 +194,40 @@ class Master:
         if self.phase is not Phase.ACQUIRING or self.plan is None:
             return []
         return [(p.node_id, p.gpus, p.gpu_indices) for p in self._missing_parts()]
+
+    def growth_asks(self, now: float) -> list[tuple[str, int, tuple[int, ...]]]:
+        """An elastic job's asks to grow toward its target (sent as elastic asks): only while it runs."""
+        if not self.spec.elastic or self.phase is not Phase.RUNNING or now < self.growth_paused_until:
+            return []
+        live = self._live_runs()
+        gang = [r for r in live if not r.extra]
+        if not gang:
+            return []
+        master = min(gang, key=lambda r: r.rank).held.node_id
+        level = LocalityLevel.parse(self.attempt.level) if self.attempt.level else self.level
+        return growth_parts(self.view, self.target - sum(r.held.gpus for r in live),
+                            [r.held.node_id for r in live], master, level, self.avoid)
+
+    def set_target(self, gpus: int, now: float) -> None:
+        """The RM's target for an elastic job (0: its max). Above the live size, growth asks for more; below it,
+        the newest grown learners are stopped and given back (never the gang)."""
+        if not self.spec.elastic:
+            return
+        self.target = min(max(gpus or self.spec.max_gpus, self.spec.gpus), self.spec.max_gpus)
+        if self.phase is not Phase.RUNNING:
+            return
+        size = sum(r.held.gpus for r in self._live_runs())
+        for run in sorted((r for r in self._live_runs() if r.extra), key=lambda r: -r.rank):
+            if size <= self.target or size - run.held.gpus < self.target:
+                break
+            size -= run.held.gpus
+            self._drop_extra(run, f"scaled to {self.target} GPUs", SHRINK_GRACE_S)
+
+    def _drop_extra(self, run: Run, reason: str, grace_s: float) -> None:
+        run.state = "EXITED"
+        self.actions.append(Stop(run.held, grace_s, reason))
+        self.releases.append(run.held.container_id)
+        self._sync_learners()
 
     def on_reply(self) -> None:
         """The shell processed an allocate reply (its grants are in). A plan's servers can be judged taken only
@@ -282,6 +322,9 @@ class Master:
             return
         if self.phase is Phase.ACQUIRING and self._wanted(held):
             self.held[held.container_id] = held
+        elif self.phase is Phase.RUNNING and self.spec.elastic and \
+                sum(r.held.gpus for r in self._live_runs()) + held.gpus <= self.target:
+            self._launch_extra(held)
         else:
             # Granted for an ask we no longer have (a stale plan, or the gang is complete): give it back.
             self.releases.append(held.container_id)
@@ -299,6 +342,14 @@ class Master:
         run.state = "LOST" if ended.lost else "FAILED_TO_START" if ended.failed_to_start else "EXITED"
         run.exit_code, run.signal = ended.exit_code, ended.signal
         self._sync_learners()
+        ok = not ended.stopped and not ended.lost and not ended.failed_to_start and ended.exit_code == 0 \
+            and ended.signal == 0
+        if run.extra and self.phase is Phase.RUNNING and not ok:
+            # A grown learner went (taken back, or failed): the job goes on with its others.
+            if not ended.stopped:
+                self.growth_paused_until = now + GROWTH_PAUSE_S
+            self.step(now)
+            return
         if self.phase in (Phase.RUNNING, Phase.LAUNCHING):
             if not ended.stopped and not ended.lost and not ended.failed_to_start and ended.exit_code == 0 \
                     and ended.signal == 0:
@@ -329,6 +380,11 @@ class Master:
                 self.attempt.launched_at = now
                 self.attempt.waiting_reason = ""
                 self.dirty.add(self.attempt.number)
+        elif run.extra:
+            run.state = "FAILED_TO_START"
+            self._sync_learners()
+            self.releases.append(container_id)
+            self.growth_paused_until = now + GROWTH_PAUSE_S
         else:
             run.state = "FAILED_TO_START"
             self._sync_learners()
@@ -344,6 +400,12 @@ class Master:
         """The RM takes these containers back; `reason` is the RM's (fair share or in-queue, and for whom)."""
         ids = set(container_ids)
         if not ids & (set(self.held) | {cid for cid, r in self.runs.items() if r.live}):
+            return
+        extras = {cid for cid in ids if (r := self.runs.get(cid)) is not None and r.extra}
+        if extras and extras == ids - set(self.held) and self.phase is Phase.RUNNING:
+            # Only grown learners are taken back (rm/elastic.py): the job shrinks and goes on.
+            for cid in sorted(extras):
+                self._drop_extra(self.runs[cid], reason or "elastic GPUs taken back", grace_s)
             return
         if self.phase in (Phase.RUNNING, Phase.LAUNCHING):
             self._end_attempt(FailureKind.PREEMPTED, reason or "preempted: the RM took its GPUs back",
@@ -583,6 +645,8 @@ class Master:
                 "NPROC_PER_NODE": str(h.gpus), "WORLD_SIZE": str(world),
                 "GPURM_ATTEMPT": str(self.attempt.number),
             }
+            if self.spec.elastic:
+                env.update(self._elastic_env(master, len(gang)))
             learners.append((h, rank, env))
             self.runs[h.container_id] = Run(rank, h)
         self.held.clear()
@@ -590,6 +654,22 @@ class Master:
         self.phase = Phase.LAUNCHING
         self.attempt.level = self.plan.level.label
         self.attempt.waiting_reason = "starting its learners"
+        self._sync_learners()
+
+    def _elastic_env(self, master: Held, gang_nodes: int) -> dict[str, str]:
+        return {"GPURM_MIN_GPUS": str(self.spec.gpus), "GPURM_MAX_GPUS": str(self.spec.max_gpus),
+                "GPURM_MIN_NODES": str(gang_nodes), "GPURM_MAX_NODES": str(self.spec.max_gpus),
+                "MASTER_ADDR": master.host}
+
+    def _launch_extra(self, held: Held) -> None:
+        """Start a grown learner at once: it joins the others through the job's rendezvous."""
+        gang = sorted((r for r in self.runs.values() if not r.extra), key=lambda r: r.rank)
+        rank = max((r.rank for r in self.runs.values()), default=-1) + 1
+        env = {"NNODES": str(len(self._live_runs()) + 1), "NODE_RANK": str(rank), "NPROC_PER_NODE": str(held.gpus),
+               "WORLD_SIZE": str(sum(r.held.gpus for r in self._live_runs()) + held.gpus),
+               "GPURM_ATTEMPT": str(self.attempt.number), **self._elastic_env(gang[0].held, len(gang))}
+        self.runs[held.container_id] = Run(rank, held, extra=True)
+        self.actions.append(Launch(self.attempt.number, [(held, rank, env)], gang[0].held.node_id))
         self._sync_learners()
 
     def _live_runs(self) -> list[Run]:

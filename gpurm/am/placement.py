@@ -41,6 +41,7 @@ class ServerView:
     free: tuple[int, ...]                        # free GPU indices
     islands: tuple[tuple[int, ...], ...] = ()    # NVLink islands, when known
     ib_domain: str = ""
+    reclaimable: tuple[int, ...] = ()            # of `free`: held by elastic jobs' growth, taken back for a gang
 
     @property
     def domain(self) -> str:

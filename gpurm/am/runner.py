@@ -40,8 +40,11 @@ class AMExit(Exception):
 
 
 def servers_from_view(view: pb.ClusterView) -> list[ServerView]:
-    return [ServerView(node_id=n.node_id, rack=n.rack, total=n.gpus_healthy, free=tuple(n.free_gpus),
-                       islands=tuple(tuple(i.gpus) for i in n.islands), ib_domain=n.ib_domain)
+    # GPUs held by elastic jobs' growth count as free to plan on: the RM takes them back for a waiting ask.
+    return [ServerView(node_id=n.node_id, rack=n.rack, total=n.gpus_healthy,
+                       free=tuple(sorted({*n.free_gpus, *n.elastic_gpus})) if n.elastic_gpus else tuple(n.free_gpus),
+                       islands=tuple(tuple(i.gpus) for i in n.islands), ib_domain=n.ib_domain,
+                       reclaimable=tuple(n.elastic_gpus))
             for n in view.nodes if n.state == pb.NODE_RUNNING]
 
 
@@ -88,6 +91,7 @@ class AMRunner:
         self.client: Any
         self._wake: asyncio.Event
         self._tasks: set[asyncio.Task[None]] = set()
+        self._ports: dict[int, int] = {}       # attempt -> the port reserved on its master (rendezvous)
         self.master: Master | None = None
         self.spec: JobSpec | None = None
         self.view: ViewFollower | None = None
@@ -174,13 +178,16 @@ class AMRunner:
                 request = pb.AllocateRequest(
                     job_id=self.job_id, am_attempt=self.am_attempt, response_id=response_id,
                     asks=[pb.ResourceAsk(node_id=n, gpus=g, count=1, gpu_indices=idx)
-                          for n, g, idx in master.asks()],
+                          for n, g, idx in master.asks()]
+                    + [pb.ResourceAsk(node_id=n, gpus=g, count=1, gpu_indices=idx, elastic=True)
+                       for n, g, idx in master.growth_asks(now)],
                     releases=master.take_releases(), attempts=[report_pb(a) for a in master.take_reports(now)])
                 resp = await self._rm_call("allocate", lambda req=request: self.am.Allocate(  # type: ignore[misc]
                     req, metadata=self.metadata, timeout=10))
                 response_id = resp.response_id
                 now = time.time()
                 self._take_am_token(resp.am_token)
+                master.set_target(resp.target_gpus, now)
                 for g in [*resp.grants, *resp.renewed]:
                     self.tokens[g.container_id] = g.token
                 for g in resp.grants:
@@ -249,22 +256,32 @@ class AMRunner:
 
     async def _launch(self, launch: Launch) -> None:
         assert self.spec is not None and self.master is not None
-        master_held = next(h for h, rank, _ in launch.learners if rank == 0)
-        port = 29500
-        try:
-            reply = await self._agent(master_held.host, master_held.port).ReservePort(
-                pb.ReservePortRequest(job_id=self.job_id, token=self._token(master_held)), timeout=AGENT_TIMEOUT_S)
-            port = reply.port
-        except grpc.aio.AioRpcError as exc:
-            log.warning("could not reserve a port on %s (%s); using %d", master_held.node_id, exc.details(), port)
-        log.info("attempt %d: launching %d learners, master %s:%d", launch.attempt, len(launch.learners),
-                 master_held.host, port)
+        known = self._ports.get(launch.attempt)
+        if known is not None:
+            port = known          # a grown learner of an elastic job: the attempt's rendezvous port
+        else:
+            master_held = next(h for h, rank, _ in launch.learners if rank == 0)
+            port = 29500
+            try:
+                reply = await self._agent(master_held.host, master_held.port).ReservePort(
+                    pb.ReservePortRequest(job_id=self.job_id, token=self._token(master_held)),
+                    timeout=AGENT_TIMEOUT_S)
+                port = reply.port
+            except grpc.aio.AioRpcError as exc:
+                log.warning("could not reserve a port on %s (%s); using %d", master_held.node_id, exc.details(),
+                            port)
+            self._ports[launch.attempt] = port
+        log.info("attempt %d: launching %d learners (ranks %s), master %s port %d", launch.attempt,
+                 len(launch.learners), ",".join(str(r) for _, r, _ in launch.learners), launch.master_node, port)
         await asyncio.gather(*(self._start_one(h, rank, env, port) for h, rank, env in launch.learners))
         self._wake.set()
 
     async def _start_one(self, held: Held, rank: int, env: dict[str, str], port: int) -> None:
         assert self.spec is not None and self.master is not None
         full_env = {**self.spec.env, **env, "MASTER_PORT": str(port), "GPURM_JOB_ID": self.job_id}
+        if self.spec.elastic:
+            # torchrun --rdzv-backend=c10d --rdzv-endpoint=$GPURM_RDZV_ENDPOINT --rdzv-id=$GPURM_JOB_ID
+            full_env["GPURM_RDZV_ENDPOINT"] = f"{env.get('MASTER_ADDR', '')}:{port}"
         request = pb.StartContainerRequest(token=self._token(held), launch=pb.LaunchContext(
             argv=self.spec.command, env=full_env, workdir=self.spec.workdir))
         try:

@@ -23,12 +23,25 @@ from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.fields import ConfigError, format_duration, parse_duration
 from gpurm.rm import mqtt
 from gpurm.rm.brokerauth import Credentials
-from gpurm.rm.jobspec import JobSpec, LocalityLevel, LocalityMode, parse_job_yaml, spec_to_proto, validate_spec
+from gpurm.rm.jobspec import (
+    JobSpec,
+    LocalityLevel,
+    LocalityMode,
+    parse_gpus,
+    parse_job_yaml,
+    spec_to_proto,
+    validate_spec,
+)
 
 STATE_NAMES = {v: k.removeprefix("JOB_") for k, v in pb.JobState.items()}
 TERMINAL = (pb.JOB_SUCCEEDED, pb.JOB_FAILED, pb.JOB_KILLED)
 CONTAINER_NAMES = {v: k.removeprefix("CONTAINER_") for k, v in pb.ContainerState.items()}
 FAILURE_NAMES = {v: k.removeprefix("FAILURE_").lower() for k, v in pb.FailureKind.items()}
+
+
+def gpus_text(spec: pb.JobSpec) -> str:
+    """`4`, or `4:16` for an elastic job (the form `--gpus` takes)."""
+    return f"{spec.gpus}:{spec.max_gpus}" if spec.max_gpus > spec.gpus else str(spec.gpus)
 
 
 def state_name(state: int) -> str:
@@ -56,13 +69,16 @@ def _spec_from_args(args: argparse.Namespace) -> JobSpec:
     elif args.command_argv:
         if args.gpus is None:
             raise CliError("--gpus: required with a command after --, e.g. gpurm submit --gpus 1 -- python x.py")
-        spec = JobSpec(gpus=args.gpus, command=list(args.command_argv))
+        spec = JobSpec(gpus=1, command=list(args.command_argv))
         spec.name = os.path.basename(args.command_argv[0])
     else:
         raise CliError("nothing to submit: give a job file (gpurm submit job.yaml) or a command "
                        "(gpurm submit --gpus 1 -- python train.py)")
     if args.gpus is not None:
-        spec.gpus = args.gpus
+        try:
+            spec.gpus, spec.max_gpus = parse_gpus(str(args.gpus))
+        except ValueError as exc:
+            raise CliError(f"--gpus: {exc}") from None
     if args.queue:
         spec.queue = args.queue
     if args.name:
@@ -205,7 +221,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         info = j.diagnostics if j.state in TERMINAL else j.waiting_reason
         if j.state == pb.JOB_FAILED and j.exit_code:
             info = f"exit {j.exit_code}: {info}"
-        gpus = str(j.spec.gpus) + ("*" if j.preemptible else "")
+        gpus = gpus_text(j.spec) + ("*" if j.preemptible else "")
         rows.append([j.job_id, j.spec.name or "-", j.user, j.queue.removeprefix("root."), state_name(j.state),
                      gpus, attempt or "-", elapsed, info])
     table(["JOB", "NAME", "USER", "QUEUE", "STATE", "GPUS", "ATT", "TIME", "INFO"], rows, max_last=70)
@@ -259,7 +275,11 @@ def render_status(job: pb.Job, now: float | None = None) -> str:
             state += f" (exit code {job.exit_code})"
     field("state", state)
     held = f", holding {job.gpus_held}" if job.gpus_held else ""
-    field("gpus", f"{spec.gpus}{held}" + ("  PREEMPTIBLE (runs beyond its queue's share)" if job.preemptible else ""))
+    if spec.max_gpus > spec.gpus:
+        target = job.target_gpus or spec.max_gpus
+        held += f" (elastic {spec.gpus} to {spec.max_gpus}, target {target}: gpurm scale {job.job_id} N)"
+    beyond = "  PREEMPTIBLE (runs beyond its queue's share)" if job.preemptible else ""
+    field("gpus", f"{gpus_text(spec)}{held}{beyond}")
     field("command", cmd)
     field("workdir", spec.workdir or "-")
     field("locality", describe_locality(spec.locality))
@@ -300,6 +320,21 @@ def render_status(job: pb.Job, now: float | None = None) -> str:
             table(["RANK", "NODE", "GPUS", "STATE", "PID", "EXIT", "PREEMPTIBLE", "GPU USE"], rows, out=buf)
             lines.extend("  " + row for row in buf.getvalue().rstrip("\n").split("\n"))
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- scale
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    rm = RM(rm_address(args.rm))
+    job = rm.call(rm.client.ScaleJob, pb.ScaleJobRequest(job_id=args.job, gpus=args.gpus)).job
+    if args.output == "json":
+        print_json({"job_id": job.job_id, "target_gpus": job.target_gpus, "gpus_held": job.gpus_held,
+                    "min_gpus": job.spec.gpus, "max_gpus": job.spec.max_gpus})
+    else:
+        print(f"{job.job_id}: target {job.target_gpus} GPUs (holding {job.gpus_held}; it grows as GPUs are idle "
+              f"and shrinks by stopping its newest learners)")
+    return 0
 
 
 # ---------------------------------------------------------------- kill

@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
              "  JOB=$(gpurm submit --gpus 1 --wait -- ./eval.sh)")
     p.add_argument("file", nargs="?", help="job file (YAML: name, queue, gpus, command, workdir, env, "
                                            "max_retries, locality); see docs/jobs.md")
-    p.add_argument("--gpus", type=int, help="GPUs for the job (overrides the file)")
+    p.add_argument("--gpus", help="GPUs for the job, or MIN:MAX for an elastic job that grows and shrinks "
+                   "between them, e.g. 4:16 (overrides the file)")
     p.add_argument("--queue", help="leaf queue path, e.g. research.nlp (default: the file's, else `default`)")
     p.add_argument("--name", help="a name to recognise the job by")
     p.add_argument("--max-retries", type=int, help="failed attempts to retry (default 3)")
@@ -111,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", default="", help="recorded in the job's diagnostics")
     p.add_argument("--no-wait", action="store_true", help="return at once instead of waiting for the processes")
     p.set_defaults(func=jobs.cmd_kill)
+
+    p = _sub(subs, "scale", "set the size an elastic job (--gpus MIN:MAX) grows or shrinks to",
+             "  gpurm scale job-3 8       # job-3 was submitted with --gpus 4:16\n"
+             "  gpurm scale job-3 4 -o json")
+    p.add_argument("job", help="job id of an elastic job")
+    p.add_argument("gpus", type=int, help="its new size, between the job's min and max GPUs")
+    p.set_defaults(func=jobs.cmd_scale)
 
     p = _sub(subs, "nodes", "list nodes: rack, GPUs free/total, state", "  gpurm nodes\n  gpurm nodes -o json")
     p.set_defaults(func=cluster.cmd_nodes)

@@ -198,7 +198,7 @@ class GpuAssignment(_message.Message):
     def __init__(self, gpu_index: _Optional[int] = ..., container_id: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class NodeView(_message.Message):
-    __slots__ = ("node_id", "rack", "ib_domain", "gpus_total", "free_gpus", "state", "gpus_healthy", "islands")
+    __slots__ = ("node_id", "rack", "ib_domain", "gpus_total", "free_gpus", "state", "gpus_healthy", "islands", "elastic_gpus")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     RACK_FIELD_NUMBER: _ClassVar[int]
     IB_DOMAIN_FIELD_NUMBER: _ClassVar[int]
@@ -207,6 +207,7 @@ class NodeView(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     GPUS_HEALTHY_FIELD_NUMBER: _ClassVar[int]
     ISLANDS_FIELD_NUMBER: _ClassVar[int]
+    ELASTIC_GPUS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     rack: str
     ib_domain: str
@@ -215,7 +216,8 @@ class NodeView(_message.Message):
     state: NodeState
     gpus_healthy: int
     islands: _containers.RepeatedCompositeFieldContainer[NvlinkIsland]
-    def __init__(self, node_id: _Optional[str] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., gpus_total: _Optional[int] = ..., free_gpus: _Optional[_Iterable[int]] = ..., state: _Optional[_Union[NodeState, str]] = ..., gpus_healthy: _Optional[int] = ..., islands: _Optional[_Iterable[_Union[NvlinkIsland, _Mapping]]] = ...) -> None: ...
+    elastic_gpus: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[str] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., gpus_total: _Optional[int] = ..., free_gpus: _Optional[_Iterable[int]] = ..., state: _Optional[_Union[NodeState, str]] = ..., gpus_healthy: _Optional[int] = ..., islands: _Optional[_Iterable[_Union[NvlinkIsland, _Mapping]]] = ..., elastic_gpus: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NvlinkIsland(_message.Message):
     __slots__ = ("gpus",)
@@ -341,7 +343,7 @@ class LocalitySpec(_message.Message):
     def __init__(self, timeout_ms: _Optional[int] = ..., backoff_base_ms: _Optional[int] = ..., backoff_max_ms: _Optional[int] = ..., start_level: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "queue", "gpus", "command", "workdir", "env", "max_retries", "locality")
+    __slots__ = ("name", "queue", "gpus", "command", "workdir", "env", "max_retries", "locality", "max_gpus")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -357,6 +359,7 @@ class JobSpec(_message.Message):
     ENV_FIELD_NUMBER: _ClassVar[int]
     MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
     LOCALITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_GPUS_FIELD_NUMBER: _ClassVar[int]
     name: str
     queue: str
     gpus: int
@@ -365,7 +368,8 @@ class JobSpec(_message.Message):
     env: _containers.ScalarMap[str, str]
     max_retries: int
     locality: LocalitySpec
-    def __init__(self, name: _Optional[str] = ..., queue: _Optional[str] = ..., gpus: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., max_retries: _Optional[int] = ..., locality: _Optional[_Union[LocalitySpec, _Mapping]] = ...) -> None: ...
+    max_gpus: int
+    def __init__(self, name: _Optional[str] = ..., queue: _Optional[str] = ..., gpus: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., max_retries: _Optional[int] = ..., locality: _Optional[_Union[LocalitySpec, _Mapping]] = ..., max_gpus: _Optional[int] = ...) -> None: ...
 
 class Learner(_message.Message):
     __slots__ = ("rank", "node_id", "host", "gpu_indices", "container_id", "state", "exit_code", "signal", "pid", "preemptible", "usage")
@@ -420,7 +424,7 @@ class Attempt(_message.Message):
     def __init__(self, attempt: _Optional[int] = ..., state: _Optional[_Union[JobState, str]] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., learners: _Optional[_Iterable[_Union[Learner, _Mapping]]] = ..., failure: _Optional[_Union[FailureKind, str]] = ..., cause: _Optional[str] = ..., exit_code: _Optional[int] = ..., counts_as_failure: _Optional[bool] = ..., level: _Optional[str] = ..., am_attempt: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "user", "queue", "state", "submit_ms", "start_ms", "finish_ms", "attempts", "diagnostics", "exit_code", "am_attempt", "am_node", "gpus_held", "preemptible", "preemptions", "failures", "live_containers", "waiting_reason", "attained_gpu_s")
+    __slots__ = ("job_id", "spec", "user", "queue", "state", "submit_ms", "start_ms", "finish_ms", "attempts", "diagnostics", "exit_code", "am_attempt", "am_node", "gpus_held", "preemptible", "preemptions", "failures", "live_containers", "waiting_reason", "attained_gpu_s", "target_gpus")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
@@ -441,6 +445,7 @@ class Job(_message.Message):
     LIVE_CONTAINERS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REASON_FIELD_NUMBER: _ClassVar[int]
     ATTAINED_GPU_S_FIELD_NUMBER: _ClassVar[int]
+    TARGET_GPUS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: JobSpec
     user: str
@@ -461,7 +466,8 @@ class Job(_message.Message):
     live_containers: int
     waiting_reason: str
     attained_gpu_s: float
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., submit_ms: _Optional[int] = ..., start_ms: _Optional[int] = ..., finish_ms: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., diagnostics: _Optional[str] = ..., exit_code: _Optional[int] = ..., am_attempt: _Optional[int] = ..., am_node: _Optional[str] = ..., gpus_held: _Optional[int] = ..., preemptible: _Optional[bool] = ..., preemptions: _Optional[int] = ..., failures: _Optional[int] = ..., live_containers: _Optional[int] = ..., waiting_reason: _Optional[str] = ..., attained_gpu_s: _Optional[float] = ...) -> None: ...
+    target_gpus: int
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., submit_ms: _Optional[int] = ..., start_ms: _Optional[int] = ..., finish_ms: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., diagnostics: _Optional[str] = ..., exit_code: _Optional[int] = ..., am_attempt: _Optional[int] = ..., am_node: _Optional[str] = ..., gpus_held: _Optional[int] = ..., preemptible: _Optional[bool] = ..., preemptions: _Optional[int] = ..., failures: _Optional[int] = ..., live_containers: _Optional[int] = ..., waiting_reason: _Optional[str] = ..., attained_gpu_s: _Optional[float] = ..., target_gpus: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node_id", "host", "agent_port", "rack", "ib_domain", "gpus", "cpus", "memory_mib", "containers", "agent_version", "agent_instance", "healthy", "health_report", "join_time_ms", "join_proof")
@@ -624,18 +630,20 @@ class RegisterAMResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., held: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., held_status: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., mqtt_url: _Optional[str] = ..., allocate_interval_ms: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ..., mqtt_username: _Optional[str] = ..., mqtt_password: _Optional[str] = ..., am_token: _Optional[str] = ...) -> None: ...
 
 class ResourceAsk(_message.Message):
-    __slots__ = ("node_id", "rack", "gpus", "count", "gpu_indices")
+    __slots__ = ("node_id", "rack", "gpus", "count", "gpu_indices", "elastic")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     RACK_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    ELASTIC_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     rack: str
     gpus: int
     count: int
     gpu_indices: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, node_id: _Optional[str] = ..., rack: _Optional[str] = ..., gpus: _Optional[int] = ..., count: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ...) -> None: ...
+    elastic: bool
+    def __init__(self, node_id: _Optional[str] = ..., rack: _Optional[str] = ..., gpus: _Optional[int] = ..., count: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., elastic: _Optional[bool] = ...) -> None: ...
 
 class AttemptReport(_message.Message):
     __slots__ = ("attempt", "state", "learners", "waiting_reason", "level", "failure", "cause", "exit_code", "counts_as_failure", "start_ms", "end_ms")
@@ -690,7 +698,7 @@ class PreemptionNotice(_message.Message):
     def __init__(self, container_ids: _Optional[_Iterable[str]] = ..., deadline_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class AllocateResponse(_message.Message):
-    __slots__ = ("response_id", "grants", "completed", "preemption", "kill_requested", "cluster_gpus", "view", "preemptible_containers", "renewed", "am_token")
+    __slots__ = ("response_id", "grants", "completed", "preemption", "kill_requested", "cluster_gpus", "view", "preemptible_containers", "renewed", "am_token", "target_gpus")
     RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
     GRANTS_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_FIELD_NUMBER: _ClassVar[int]
@@ -701,6 +709,7 @@ class AllocateResponse(_message.Message):
     PREEMPTIBLE_CONTAINERS_FIELD_NUMBER: _ClassVar[int]
     RENEWED_FIELD_NUMBER: _ClassVar[int]
     AM_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TARGET_GPUS_FIELD_NUMBER: _ClassVar[int]
     response_id: int
     grants: _containers.RepeatedCompositeFieldContainer[ContainerGrant]
     completed: _containers.RepeatedCompositeFieldContainer[ContainerStatus]
@@ -711,7 +720,8 @@ class AllocateResponse(_message.Message):
     preemptible_containers: _containers.RepeatedScalarFieldContainer[str]
     renewed: _containers.RepeatedCompositeFieldContainer[ContainerGrant]
     am_token: str
-    def __init__(self, response_id: _Optional[int] = ..., grants: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., completed: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., preemption: _Optional[_Union[PreemptionNotice, _Mapping]] = ..., kill_requested: _Optional[bool] = ..., cluster_gpus: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ..., preemptible_containers: _Optional[_Iterable[str]] = ..., renewed: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., am_token: _Optional[str] = ...) -> None: ...
+    target_gpus: int
+    def __init__(self, response_id: _Optional[int] = ..., grants: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., completed: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., preemption: _Optional[_Union[PreemptionNotice, _Mapping]] = ..., kill_requested: _Optional[bool] = ..., cluster_gpus: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ..., preemptible_containers: _Optional[_Iterable[str]] = ..., renewed: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., am_token: _Optional[str] = ..., target_gpus: _Optional[int] = ...) -> None: ...
 
 class FinishAMRequest(_message.Message):
     __slots__ = ("job_id", "am_attempt", "final_state", "diagnostics", "exit_code", "attempts")
@@ -784,6 +794,20 @@ class KillJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class KillJobResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: Job
+    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
+
+class ScaleJobRequest(_message.Message):
+    __slots__ = ("job_id", "gpus")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    gpus: int
+    def __init__(self, job_id: _Optional[str] = ..., gpus: _Optional[int] = ...) -> None: ...
+
+class ScaleJobResponse(_message.Message):
     __slots__ = ("job",)
     JOB_FIELD_NUMBER: _ClassVar[int]
     job: Job

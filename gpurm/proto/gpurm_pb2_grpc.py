@@ -327,6 +327,11 @@ class ClientStub:
                 request_serializer=gpurm_dot_proto_dot_gpurm__pb2.KillJobRequest.SerializeToString,
                 response_deserializer=gpurm_dot_proto_dot_gpurm__pb2.KillJobResponse.FromString,
                 _registered_method=True)
+        self.ScaleJob = channel.unary_unary(
+                '/gpurm.Client/ScaleJob',
+                request_serializer=gpurm_dot_proto_dot_gpurm__pb2.ScaleJobRequest.SerializeToString,
+                response_deserializer=gpurm_dot_proto_dot_gpurm__pb2.ScaleJobResponse.FromString,
+                _registered_method=True)
         self.GetLogs = channel.unary_unary(
                 '/gpurm.Client/GetLogs',
                 request_serializer=gpurm_dot_proto_dot_gpurm__pb2.GetLogsRequest.SerializeToString,
@@ -376,6 +381,12 @@ class ClientServicer:
         raise NotImplementedError('Method not implemented!')
 
     def KillJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScaleJob(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -433,6 +444,11 @@ def add_ClientServicer_to_server(servicer, server):
                     servicer.KillJob,
                     request_deserializer=gpurm_dot_proto_dot_gpurm__pb2.KillJobRequest.FromString,
                     response_serializer=gpurm_dot_proto_dot_gpurm__pb2.KillJobResponse.SerializeToString,
+            ),
+            'ScaleJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScaleJob,
+                    request_deserializer=gpurm_dot_proto_dot_gpurm__pb2.ScaleJobRequest.FromString,
+                    response_serializer=gpurm_dot_proto_dot_gpurm__pb2.ScaleJobResponse.SerializeToString,
             ),
             'GetLogs': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLogs,
@@ -568,6 +584,33 @@ class Client:
             '/gpurm.Client/KillJob',
             gpurm_dot_proto_dot_gpurm__pb2.KillJobRequest.SerializeToString,
             gpurm_dot_proto_dot_gpurm__pb2.KillJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScaleJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurm.Client/ScaleJob',
+            gpurm_dot_proto_dot_gpurm__pb2.ScaleJobRequest.SerializeToString,
+            gpurm_dot_proto_dot_gpurm__pb2.ScaleJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -71,6 +71,7 @@ def job_to_pb(job: Job, gpus_held: int = 0, live_containers: int = 0, preemptibl
         diagnostics=job.diagnostics, exit_code=job.exit_code, am_attempt=job.am_attempt, am_node=job.am_node,
         gpus_held=gpus_held, preemptible=preemptible, preemptions=job.preemptions, failures=job.failures,
         live_containers=live_containers, waiting_reason=job.waiting_reason, attained_gpu_s=job.attained_gpu_s,
+        target_gpus=job.target_gpus,
     )
 
 
@@ -94,7 +95,7 @@ def attempt_update_to_pb(u: AttemptUpdate) -> pb.AttemptReport:
 
 def ask_from_pb(msg: pb.ResourceAsk) -> Ask:
     return Ask(gpus=msg.gpus, count=max(msg.count, 1), node_id=msg.node_id, rack=msg.rack,
-               preferred=tuple(msg.gpu_indices))
+               preferred=tuple(msg.gpu_indices), elastic=msg.elastic)
 
 
 def report_from_pb(msg: pb.ContainerStatus) -> ContainerReport:
@@ -159,8 +160,9 @@ def node_to_pb(node: Node) -> pb.NodeInfo:
         health_report=node.health_report, agent_version=node.agent_version)
 
 
-def node_view_to_pb(node: Node) -> pb.NodeView:
-    return pb.NodeView(node_id=node.node_id, rack=node.rack, ib_domain=node.ib_domain, gpus_total=len(node.gpus),
+def node_view_to_pb(node: Node, elastic: list[int] | None = None) -> pb.NodeView:
+    return pb.NodeView(elastic_gpus=elastic or [],
+                       node_id=node.node_id, rack=node.rack, ib_domain=node.ib_domain, gpus_total=len(node.gpus),
                        free_gpus=node.free_indices(), state=NODE_STATE_TO_PB[node.state],
                        gpus_healthy=node.healthy_gpus,
                        islands=[pb.NvlinkIsland(gpus=isl) for isl in node.islands])

@@ -27,8 +27,9 @@ from collections.abc import Iterable
 from gpurm.queues.tree import QueueTree, default_tree
 from gpurm.rm import admission, attempts, preemption, priority, recovery, views
 from gpurm.rm.amlaunch import AMLauncher
-from gpurm.rm.cluster import Cluster, Node
+from gpurm.rm.cluster import Cluster, Node, pick_gpus
 from gpurm.rm.containers import ContainerIndex
+from gpurm.rm.elastic import ElasticBook, Growth
 from gpurm.rm.gittins import GittinsIndex
 from gpurm.rm.inqueue import InQueuePreemption
 from gpurm.rm.jobspec import JobSpec
@@ -89,6 +90,7 @@ class RMCore:
         self.learners_live = self.index.learners_live
         self.preempting = self.index.preempting
         self.asking: dict[str, AppState] = {}     # apps with outstanding asks: what a scheduling pass looks at
+        self.elastic = ElasticBook(self.cluster)  # elastic jobs' growth asks and containers (rm/elastic.py)
         # A full scheduling pass is due when GPUs came free or nodes / limits changed; otherwise only apps whose
         # asks changed can be granted anything, and a pass looks at those alone.
         self.pass_due = True
@@ -170,6 +172,7 @@ class RMCore:
 
     def _add_container(self, c: Container) -> None:
         self.index.add(c)
+        self.elastic.added(c)
         self._container_changed(c)
 
     def _runs_changed(self, job_id: str) -> None:
@@ -263,6 +266,7 @@ class RMCore:
         self._am_gone(job)
         app = self.apps.pop(job.job_id, None)
         self.asking.pop(job.job_id, None)
+        self.elastic.drop_job(job.job_id)
         if app is not None:
             app.app.asks = []
         for c in self.job_containers(job.job_id):
@@ -341,6 +345,7 @@ class RMCore:
             self._am_gone(job)
         self.apps.pop(job.job_id, None)
         self.asking.pop(job.job_id, None)
+        self.elastic.drop_job(job.job_id)
         if job.state.terminal or job.final_reported:
             return
         if c.attempt not in job.am_registered:
@@ -497,6 +502,7 @@ class RMCore:
         if c.gpus:
             self.pass_due = True
         self.cluster.release(c.node_id, c.gpu_indices, c.container_id)
+        self.elastic.ended(c)
         job_of = self.jobs.get(c.job_id)
         if c.kind is ContainerKind.LEARNER and job_of is not None:
             self.queues.charge(job_of.queue, job_of.user, -c.gpus)
@@ -620,6 +626,12 @@ class RMCore:
             queued = {c.container_id for c in app.completed} | app.delivered
             app.completed += [c for c in self._ended_learners(job) if c.container_id not in queued]
         unseen = [(g.node_id, self.cluster.nodes[g.node_id].rack, len(g.gpu_indices)) for g in app.pending_grants]
+        growth = [a for a in asks if a.elastic]
+        if growth or job_id in self.elastic.growth:
+            asks = [a for a in asks if not a.elastic]      # a rigid job's elastic asks are ignored
+            growth = subtract_grants(growth, unseen) if growth and job.spec.elastic else []
+            self.elastic.set_growth(Growth(job_id, job.queue, job.user, job.seq, growth))
+            self.pass_due = self.pass_due or bool(growth)
         new_asks = subtract_grants(asks, unseen) if asks else []
         if new_asks != app.app.asks and new_asks:
             self.new_askers[job_id] = None
@@ -636,7 +648,7 @@ class RMCore:
         result = AllocateResult(app.response_id, app.pending_grants, app.completed,
                                 kill_requested=job.kill_requested, preempt_ids=app.preempt_ids,
                                 preempt_deadline=app.preempt_deadline, preempt_reason=app.preempt_reason,
-                                plan_now=plan_now)
+                                plan_now=plan_now, target_gpus=job.target_gpus)
         app.delivered.update(c.container_id for c in app.completed)
         app.pending_grants, app.completed, app.preempt_ids = [], [], []
         app.last_response = result
@@ -684,7 +696,13 @@ class RMCore:
 
     def schedule(self, now: float) -> list[Grant]:
         """A scheduling pass, when anything it could act on changed (asks, freed GPUs, nodes, limits, the
-        clock for las/srtf ranks)."""
+        clock for las/srtf ranks); then elastic jobs grow on what nobody waits for, or shrink for who waits."""
+        grants = self._schedule_gangs(now)
+        if self.elastic.growth or self.elastic.on_node:
+            grants += self._elastic_pass(now)
+        return grants
+
+    def _schedule_gangs(self, now: float) -> list[Grant]:
         if self.pass_due or self.cluster.releases != self._seen_releases:
             self._seen_releases = self.cluster.releases
             targeted = False
@@ -710,7 +728,7 @@ class RMCore:
         if targeted and grants and self.queues.waiting(self.queues.shares(self.cluster.capacity)) != waiting_before:
             # A queue reached its share: others may now go beyond theirs. Everybody gets another look.
             self.pass_due = True
-            grants += self.schedule(now)
+            grants += self._schedule_gangs(now)
         for g in grants:
             self.reclaims.consume(self.jobs[g.job_id].queue, len(g.gpu_indices))
         for g in grants:
@@ -723,6 +741,87 @@ class RMCore:
             self._add_container(c)
             self.apps[g.job_id].pending_grants.append(g)
         return grants
+
+    def _elastic_pass(self, now: float) -> list[Grant]:
+        """Elastic jobs (rm/elastic.py): while gang asks wait (not for a limit of their own), take back the
+        elastic containers in their way; while none wait, grant growth asks on free GPUs."""
+        waiting = [(a.app.job_id, a.app.asks) for a in sorted(self.asking.values(), key=lambda a: a.app.seq)
+                   if a.registered and a.app.asks and not a.app.blocked]
+        if waiting:
+            rack_of = {n: self.cluster.nodes[n].rack for n in self.elastic.on_node if n in self.cluster.nodes}
+            for taken in self.elastic.to_take_back(waiting, rack_of):
+                self._take_back(taken.container, taken.for_job, now)
+            return []
+        grants: list[Grant] = []
+        for g in self.elastic.growers():
+            job = self.jobs.get(g.job_id)
+            app = self.apps.get(g.job_id)
+            leaf = self.queues.tree.by_path.get(g.queue)
+            if job is None or app is None or not app.registered or leaf is None or job.state is not JobState.RUNNING:
+                continue
+            for ask in g.asks:
+                while ask.count > 0 and not self.queues.over_cap(leaf, g.user, ask.gpus):
+                    node = self._growth_node(ask)
+                    indices = pick_gpus(node, ask.gpus, ask.preferred) if node is not None else None
+                    if node is None or indices is None:
+                        break
+                    cid = self._new_container_id(g.job_id)
+                    self.cluster.allocate(node.node_id, indices, cid)
+                    self.queues.charge(g.queue, g.user, len(indices))
+                    app.app.held_gpus += len(indices)
+                    grant = Grant(g.job_id, cid, node.node_id, indices, preemptible=True)
+                    attempt = job.current_attempt
+                    self._add_container(Container(
+                        container_id=cid, job_id=g.job_id, kind=ContainerKind.LEARNER, node_id=node.node_id,
+                        gpu_indices=list(indices), attempt=attempt.number if attempt else 1, created=now,
+                        user=job.user, preemptible=True, elastic=True))
+                    app.pending_grants.append(grant)
+                    grants.append(grant)
+                    ask.count -= 1
+            g.asks = [a for a in g.asks if a.count > 0]
+            self.elastic.set_growth(g)
+        return grants
+
+    def _growth_node(self, ask: Ask) -> Node | None:
+        if ask.node_id:
+            node = self.cluster.nodes.get(ask.node_id)
+            return node if node is not None and self.cluster.free(ask.node_id) >= ask.gpus else None
+        return next(iter(self.cluster.nodes_with_free(ask.gpus, ask.rack or None)), None)
+
+    def _take_back(self, c: Container, for_job: str, now: float) -> None:
+        """Stop an elastic container for a waiting job, with the victim queue's preemption notice."""
+        job = self.jobs.get(c.job_id)
+        leaf = self.queues.tree.by_path.get(job.queue) if job is not None else None
+        grace = leaf.preemption.grace_s if leaf is not None else self.settings.kill_grace_s
+        reason = f"elastic GPUs taken back for {for_job}, which waits for them"
+        self._order_stop(c, grace, reason)
+        app = self.apps.get(c.job_id)
+        if app is not None:
+            app.preempt_ids = [*app.preempt_ids, c.container_id]
+            app.preempt_deadline = now + grace
+            app.preempt_reason = reason
+        log.info("%s: %s", c.container_id, reason)
+
+    def scale(self, job_id: str, gpus: int, user: str, now: float, groups: Iterable[str] = (),
+              rm_admin: bool = False) -> Job:
+        """`gpurm scale`: set an elastic job's target size, between its minimum and maximum. Its AM grows or
+        shrinks toward it on its next call."""
+        job = self.get_job(job_id)
+        if not self.may_kill(job, user, groups, rm_admin):
+            raise RequestError(ErrorCode.PERMISSION_DENIED,
+                               f"{user} may not scale {job_id} (only its owner or an admin of its queue)")
+        if job.state.terminal:
+            raise RequestError(ErrorCode.FAILED_PRECONDITION, f"{job_id} has ended ({job.state.name})")
+        if not job.spec.elastic:
+            raise RequestError(ErrorCode.FAILED_PRECONDITION,
+                               f"{job_id} is not elastic (gpus: {job.spec.gpus}); submit with --gpus MIN:MAX")
+        if not job.spec.gpus <= gpus <= job.spec.max_gpus:
+            raise RequestError(ErrorCode.INVALID_ARGUMENT,
+                               f"gpus: must be between the job's min {job.spec.gpus} and max {job.spec.max_gpus}, "
+                               f"got {gpus}")
+        job.target_gpus = gpus
+        self._job_changed(job)
+        return job
 
     def _new_container_id(self, job_id: str) -> str:
         # Unique across the RM's life: a counter persisted with the job sequence.
@@ -878,6 +977,8 @@ class RMCore:
         expiry period to re-register; AMs and grants get a fresh clock from `now`."""
         self.recovered_at = now
         recovery.load(jobs, containers, nodes, now, self.jobs, self.submit_ids, self.index, self.cluster)
+        for c in self.live.values():
+            self.elastic.added(c)
         recovery.readmit(self.jobs, self.live, self.ams, self._am_up)
         self.next_job_seq, self.next_container_seq = recovery.counters(meta)
         self._rebuild_queue_book()

@@ -305,7 +305,9 @@ class RMShell:
                 if nodes:
                     delta = pb.ClusterView(version=version, time_ms=convert.ms(time.time()), base_version=published,
                                            epoch=self.epoch,
-                                           delta=True, nodes=[convert.node_view_to_pb(n) for n in nodes])
+                                           delta=True,
+                                           nodes=[convert.node_view_to_pb(n, self.core.elastic.reclaimable(n.node_id))
+                                                  for n in nodes])
                     self.publisher.publish(mqtt.TOPIC_VIEW_DELTA, delta.SerializeToString())
                     published = version
                 due = time.monotonic() - snapshot_at >= self.config.view_snapshot_interval_s

@@ -83,6 +83,21 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
     max_retries: int = DEFAULT_MAX_RETRIES
     locality: Locality = field(default_factory=Locality)
+    max_gpus: int = 0            # elastic: may grow up to this many GPUs; 0 = rigid (exactly `gpus`)
+
+    @property
+    def elastic(self) -> bool:
+        return self.max_gpus > self.gpus
+
+    @property
+    def most_gpus(self) -> int:
+        """The most GPUs this job may hold: `max_gpus` when elastic, else `gpus`."""
+        return max(self.gpus, self.max_gpus)
+
+    @property
+    def gpus_text(self) -> str:
+        """`4`, or `4:16` for an elastic job (the form `--gpus` takes)."""
+        return f"{self.gpus}:{self.max_gpus}" if self.elastic else str(self.gpus)
 
     @property
     def command_text(self) -> str:
@@ -123,7 +138,23 @@ def spec_from_mapping(data: Any, source: str = "job", base_dir: str | None = Non
     spec = JobSpec(gpus=0, command=[])
     spec.name = r.text("name", "")
     spec.queue = r.text("queue", "")
-    spec.gpus = r.integer("gpus", minimum=1)
+    if isinstance(r.raw("gpus"), dict):
+        # Elastic: `gpus: {min: 4, max: 16}`.
+        g = r.section("gpus")
+        spec.gpus = g.integer("min", minimum=1)
+        spec.max_gpus = g.integer("max", 0)
+        if not spec.max_gpus:
+            g.error("max", "is required for an elastic job (gpus: {min: 4, max: 16}); for a fixed size write gpus: 4")
+            spec.max_gpus = spec.gpus
+        g.reject_unknown()
+    elif isinstance(r.raw("gpus"), str):
+        try:
+            spec.gpus, spec.max_gpus = parse_gpus(str(r.raw("gpus")))
+        except ValueError as exc:
+            r.error("gpus", str(exc))
+            spec.gpus = 1
+    else:
+        spec.gpus = r.integer("gpus", minimum=1)
     raw_cmd = r.raw("command")
     if raw_cmd is None:
         r.error("command", "is required: a string (run with /bin/sh -c) or a list (run as is)")
@@ -160,6 +191,18 @@ def spec_from_mapping(data: Any, source: str = "job", base_dir: str | None = Non
     return spec
 
 
+def parse_gpus(text: str) -> tuple[int, int]:
+    """`4` -> (4, 0); `4:16` -> (4, 16), an elastic job of 4 to 16 GPUs. ValueError saying the form."""
+    lo, sep, hi = text.strip().partition(":")
+    try:
+        low = int(lo)
+        high = int(hi) if sep else 0
+    except ValueError:
+        raise ValueError(f"must be a count like 4, or min:max like 4:16 for an elastic job; got {_clip(text)}") \
+            from None
+    return low, high
+
+
 def _level(r: Reader, key: str) -> LocalityLevel:
     text = r.text(key, "packed")
     try:
@@ -189,6 +232,8 @@ def validate_spec(spec: JobSpec) -> list[str]:
         out.append(f"gpus: must be at least 1, got {spec.gpus}")
     elif spec.gpus > MAX_GPUS_PER_JOB:
         out.append(f"gpus: at most {MAX_GPUS_PER_JOB} per job, got {spec.gpus}")
+    if spec.max_gpus and not spec.gpus <= spec.max_gpus <= MAX_GPUS_PER_JOB:
+        out.append(f"gpus.max: must be between gpus.min ({spec.gpus}) and {MAX_GPUS_PER_JOB}, got {spec.max_gpus}")
     if not spec.command or not spec.command[0]:
         out.append("command: is required and must not be empty")
     elif spec.command[:2] == ["/bin/sh", "-c"] and (len(spec.command) < 3 or not spec.command[2].strip()):
@@ -235,7 +280,7 @@ def validate_spec(spec: JobSpec) -> list[str]:
 def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
     msg = pb.JobSpec(
         name=spec.name, queue=spec.queue, gpus=spec.gpus, command=spec.command, workdir=spec.workdir,
-        env=spec.env, max_retries=spec.max_retries,
+        env=spec.env, max_retries=spec.max_retries, max_gpus=spec.max_gpus if spec.elastic else 0,
         locality=pb.LocalitySpec(
             timeout_ms=round(spec.locality.timeout_s * 1000),
             backoff_base_ms=round(spec.locality.backoff_base_s * 1000),
@@ -280,6 +325,7 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
         env=dict(msg.env),
         max_retries=msg.max_retries if msg.HasField("max_retries") else DEFAULT_MAX_RETRIES,
         locality=loc,
+        max_gpus=msg.max_gpus,
     )
     problems += validate_spec(spec)
     if problems:

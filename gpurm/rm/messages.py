@@ -141,6 +141,7 @@ class AllocateResult:
     preempt_deadline: float = 0.0
     preempt_reason: str = ""
     plan_now: bool = False        # GPUs wait for it (idle, or freed for it by in-queue preemption): end a back-off
+    target_gpus: int = 0          # elastic: the size to grow or shrink toward (0 = its max)
 
 
 @dataclass

@@ -118,6 +118,7 @@ class Job:
     admitted: bool = False           # got an AM: counts against its queues' max_running_jobs
     idle_since: float = 0.0          # when it last held no GPUs (submit, or its last learner's end)
     expected_gpu_s: float = 0.0      # known total GPU-time (the simulator's traces; 0 = unknown)
+    target_gpus: int = 0             # elastic: the size `gpurm scale` asked for (0 = its max)
 
     @property
     def current_attempt(self) -> Attempt | None:
@@ -162,6 +163,7 @@ class Container:
     stop_reason: str = ""
     preempt_deadline: float = 0.0     # set when fair-share preemption takes it back
     preempted_for: str = ""           # the queue it is taken back for
+    elastic: bool = False             # growth of an elastic job beyond its minimum (rm/elastic.py)
 
     @property
     def gpus(self) -> int:

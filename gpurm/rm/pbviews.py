@@ -16,7 +16,7 @@ HIDDEN = "(hidden)"        # an env value shown to someone who is not the job's 
 def cluster_view(core: RMCore, epoch: int, now: float) -> pb.ClusterView:
     nodes = sorted(core.cluster.nodes.values(), key=lambda n: n.node_id)
     return pb.ClusterView(version=core.cluster.version, time_ms=convert.ms(now), epoch=epoch,
-                          nodes=[convert.node_view_to_pb(n) for n in nodes])
+                          nodes=[convert.node_view_to_pb(n, core.elastic.reclaimable(n.node_id)) for n in nodes])
 
 
 def job(core: RMCore, record: Job, usage: Mapping[str, str], *, full: bool = True,

@@ -37,6 +37,7 @@ class Ask:
     node_id: str = ""
     rack: str = ""
     preferred: tuple[int, ...] = ()
+    elastic: bool = False         # growth of a running elastic job (rm/elastic.py), not part of its gang
 
     def matches(self, node_id: str, rack: str, gpus: int) -> bool:
         if gpus != self.gpus or self.count <= 0:
@@ -75,7 +76,7 @@ class Grant:
 
 def subtract_grants(asks: list[Ask], grants: Iterable[tuple[str, str, int]]) -> list[Ask]:
     """Asks minus grants the AM has not seen yet (node, rack, gpus): an AM's asks never count them twice."""
-    out = [Ask(a.gpus, a.count, a.node_id, a.rack, a.preferred) for a in asks]
+    out = [Ask(a.gpus, a.count, a.node_id, a.rack, a.preferred, a.elastic) for a in asks]
     for node_id, rack, gpus in grants:
         # A node-specific ask is the closer match; fall back to a rack or anywhere ask.
         for a in sorted(out, key=lambda a: (not a.node_id, not a.rack)):

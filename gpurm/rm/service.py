@@ -179,6 +179,15 @@ class ClientService(pbg.ClientServicer):
         return pb.KillJobResponse(job=self.shell.job_pb(job))
 
     @rpc
+    async def ScaleJob(self, request: pb.ScaleJobRequest, context: Ctx) -> pb.ScaleJobResponse:
+        user = caller(context)
+        with self.shell.mutation():
+            job = self.shell.core.scale(request.job_id, request.gpus, user, _now(), self.shell.groups_of(user),
+                                        rm_admin=self.shell.is_admin(identify(context)))
+        log.info("job %s scaled to %d GPUs by %s", job.job_id, job.target_gpus, user)
+        return pb.ScaleJobResponse(job=self.shell.job_pb(job))
+
+    @rpc
     async def GetLogs(self, request: pb.GetLogsRequest, context: Ctx) -> pb.GetLogsResponse:
         who = identify(context)
         job = self.shell.core.get_job(request.job_id)

@@ -1,0 +1,110 @@
+"""Elastic jobs in the RM: growth beyond a job's minimum on idle GPUs, and taking it back when anyone waits. Pure.
+
+An elastic job (`gpus: {min: 4, max: 16}`) runs a gang of its minimum like any job. Once it runs, its AM asks
+for more with *elastic* asks (am/master.py). The RM grants them only while no gang ask waits anywhere: a job
+waiting for GPUs always comes before another job's growth. What it grants is a preemptible container marked
+elastic. When a gang ask then waits on a server (or a rack, or anywhere) where elastic containers run, the RM
+takes back just enough of them, newest first, with the usual preemption notice to their AM, which lets its job
+go on with fewer learners: elastic jobs shrink toward their minimum before anybody is preempted whole
+(fair-share preemption, which takes whole jobs, acts only after its timeouts, by when the elastic GPUs are
+back). The cluster view shows elastic GPUs as reclaimable (`NodeView.elastic_gpus`), so a waiting AM plans
+onto them and asks for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from gpurm.rm.cluster import Cluster
+from gpurm.rm.model import Container
+from gpurm.rm.scheduler import Ask
+
+
+@dataclass
+class Growth:
+    """One job's outstanding elastic asks."""
+
+    job_id: str
+    queue: str
+    user: str
+    seq: int
+    asks: list[Ask] = field(default_factory=list)
+
+
+@dataclass
+class Taken:
+    """An elastic container the RM takes back, and the ask it makes room for."""
+
+    container: Container
+    for_job: str
+
+
+class ElasticBook:
+    """Outstanding growth asks, and the live elastic containers per node (oldest first)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.growth: dict[str, Growth] = {}
+        self.on_node: dict[str, dict[str, Container]] = {}
+
+    # -- upkeep
+    def set_growth(self, g: Growth) -> None:
+        if g.asks:
+            self.growth[g.job_id] = g
+        else:
+            self.growth.pop(g.job_id, None)
+
+    def drop_job(self, job_id: str) -> None:
+        self.growth.pop(job_id, None)
+
+    def added(self, c: Container) -> None:
+        if c.elastic:
+            self.on_node.setdefault(c.node_id, {})[c.container_id] = c
+
+    def ended(self, c: Container) -> None:
+        held = self.on_node.get(c.node_id)
+        if held is not None and held.pop(c.container_id, None) is not None and not held:
+            del self.on_node[c.node_id]
+
+    # -- questions
+    def reclaimable(self, node_id: str) -> list[int]:
+        """GPU indices of `node_id` held by elastic containers not yet being taken back."""
+        return sorted(i for c in self.on_node.get(node_id, {}).values() if not c.stop_requested
+                      for i in c.gpu_indices)
+
+    def held_by(self, job_id: str) -> int:
+        return sum(c.gpus for held in self.on_node.values() for c in held.values() if c.job_id == job_id)
+
+    def growers(self) -> list[Growth]:
+        """Jobs asking to grow, the one holding the fewest elastic GPUs first (then submit order): growth is
+        shared out rather than all going to the first asker."""
+        return sorted(self.growth.values(), key=lambda g: (self.held_by(g.job_id), g.seq))
+
+    def to_take_back(self, waiting: Iterable[tuple[str, list[Ask]]], rack_of: dict[str, str]) -> list[Taken]:
+        """The elastic containers to take back so that the waiting gang asks (job id, asks), in the order given,
+        can be granted: on an asked node, as many as its free GPUs fall short by; for a rack or anywhere ask,
+        what the rack or cluster falls short by. Newest first; containers already being stopped count as freed."""
+        out: list[Taken] = []
+        chosen: set[str] = set()
+        for job_id, asks in waiting:
+            for ask in asks:
+                need = ask.gpus * max(ask.count, 1)
+                if ask.node_id:
+                    nodes = [ask.node_id]
+                    free = self.cluster.free(ask.node_id)
+                else:
+                    nodes = [n for n in self.on_node if not ask.rack or rack_of.get(n) == ask.rack]
+                    free = max((self.cluster.free(n) for n in nodes), default=0)
+                short = need - free - sum(c.gpus for n in nodes for c in self.on_node.get(n, {}).values()
+                                          if c.stop_requested or c.container_id in chosen)
+                for n in nodes:
+                    for c in reversed(list(self.on_node.get(n, {}).values())):
+                        if short <= 0:
+                            break
+                        if c.stop_requested or c.container_id in chosen or c.job_id == job_id:
+                            continue
+                        chosen.add(c.container_id)
+                        out.append(Taken(c, job_id))
+                        short -= c.gpus
+        return out
