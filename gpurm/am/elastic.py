@@ -2,7 +2,9 @@
 
 An elastic job runs a gang of its minimum, placed like any job (am/placement.py). Growth then asks for more
 GPUs, one container per server, where the job stays packed: first on the servers it already runs on, then in its
-master's rack (IB domain), and elsewhere only when its attempt already runs at level `any`. GPUs that other
+master's rack (IB domain), and elsewhere only when its attempt already runs at level `any` (or its locality is
+`any`). A gang placed on one server (level `node`) still grows within its rack: its minimum fitted on one
+server, its maximum may not. GPUs that other
 elastic jobs hold (`ServerView.reclaimable`) are not free for growth: growth never takes from anyone.
 """
 
@@ -33,11 +35,7 @@ def growth_parts(view: View, want: int, own: Iterable[str], master_node: str, le
     def allowed(s: ServerView) -> bool:
         if s.node_id in avoid:
             return False
-        if s.node_id in own_set:
-            return True
-        if level is LocalityLevel.NODE:
-            return False
-        return level is LocalityLevel.ANY or s.domain == domain
+        return s.node_id in own_set or level is LocalityLevel.ANY or s.domain == domain
 
     candidates = [(s, growable(s)) for s in view.servers if allowed(s)]
     candidates = [(s, free) for s, free in candidates if free]

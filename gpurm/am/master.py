@@ -205,6 +205,8 @@ class Master:
             return []
         master = min(gang, key=lambda r: r.rank).held.node_id
         level = LocalityLevel.parse(self.attempt.level) if self.attempt.level else self.level
+        if self.spec.locality.mode is LocalityMode.ANY:
+            level = LocalityLevel.ANY
         return growth_parts(self.view, self.target - sum(r.held.gpus for r in live),
                             [r.held.node_id for r in live], master, level, self.avoid)
 
@@ -646,7 +648,7 @@ class Master:
                 "GPURM_ATTEMPT": str(self.attempt.number),
             }
             if self.spec.elastic:
-                env.update(self._elastic_env(master, len(gang)))
+                env.update(self._elastic_env(master, len(gang), rank == 0, h.gpus))
             learners.append((h, rank, env))
             self.runs[h.container_id] = Run(rank, h)
         self.held.clear()
@@ -656,10 +658,21 @@ class Master:
         self.attempt.waiting_reason = "starting its learners"
         self._sync_learners()
 
-    def _elastic_env(self, master: Held, gang_nodes: int) -> dict[str, str]:
+    def _elastic_env(self, master: Held, gang_nodes: int, is_host: bool, gpus: int) -> dict[str, str]:
+        """What an elastic job's learners need for torchrun's elastic rendezvous (c10d), also as torchrun's own
+        PET_* defaults, so that `torchrun --nproc-per-node=$NPROC_PER_NODE train.py` is enough. The gang's first
+        learner hosts the rendezvous store (is_host): it is never taken back. The shell adds the endpoint."""
+        nodes = f"{gang_nodes}:{self.spec.max_gpus}"
+        host = "1" if is_host else "0"
         return {"GPURM_MIN_GPUS": str(self.spec.gpus), "GPURM_MAX_GPUS": str(self.spec.max_gpus),
                 "GPURM_MIN_NODES": str(gang_nodes), "GPURM_MAX_NODES": str(self.spec.max_gpus),
-                "MASTER_ADDR": master.host}
+                "GPURM_RDZV_IS_HOST": host, "MASTER_ADDR": master.host,
+                "PET_NNODES": nodes, "PET_NPROC_PER_NODE": str(gpus), "PET_RDZV_BACKEND": "c10d",
+                "PET_RDZV_ID": f"{self.attempt.number}", "PET_RDZV_CONF": f"is_host={host}",
+                "PET_MAX_RESTARTS": "100",
+                # torchrun shares its rendezvous store with the workers by default, and then a learner joining a
+                # running job never learns the workers' master address (torch 2.13): rebuild it every round.
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
     def _launch_extra(self, held: Held) -> None:
         """Start a grown learner at once: it joins the others through the job's rendezvous."""
@@ -667,7 +680,8 @@ class Master:
         rank = max((r.rank for r in self.runs.values()), default=-1) + 1
         env = {"NNODES": str(len(self._live_runs()) + 1), "NODE_RANK": str(rank), "NPROC_PER_NODE": str(held.gpus),
                "WORLD_SIZE": str(sum(r.held.gpus for r in self._live_runs()) + held.gpus),
-               "GPURM_ATTEMPT": str(self.attempt.number), **self._elastic_env(gang[0].held, len(gang))}
+               "GPURM_ATTEMPT": str(self.attempt.number),
+               **self._elastic_env(gang[0].held, len(gang), False, held.gpus)}
         self.runs[held.container_id] = Run(rank, held, extra=True)
         self.actions.append(Launch(self.attempt.number, [(held, rank, env)], gang[0].held.node_id))
         self._sync_learners()

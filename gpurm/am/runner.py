@@ -280,8 +280,9 @@ class AMRunner:
         assert self.spec is not None and self.master is not None
         full_env = {**self.spec.env, **env, "MASTER_PORT": str(port), "GPURM_JOB_ID": self.job_id}
         if self.spec.elastic:
-            # torchrun --rdzv-backend=c10d --rdzv-endpoint=$GPURM_RDZV_ENDPOINT --rdzv-id=$GPURM_JOB_ID
-            full_env["GPURM_RDZV_ENDPOINT"] = f"{env.get('MASTER_ADDR', '')}:{port}"
+            # torchrun's elastic rendezvous (see Master._elastic_env): one endpoint and id per attempt.
+            full_env["GPURM_RDZV_ENDPOINT"] = full_env["PET_RDZV_ENDPOINT"] = f"{env.get('MASTER_ADDR', '')}:{port}"
+            full_env["PET_RDZV_ID"] = f"{self.job_id}-{env.get('PET_RDZV_ID', '')}"
         request = pb.StartContainerRequest(token=self._token(held), launch=pb.LaunchContext(
             argv=self.spec.command, env=full_env, workdir=self.spec.workdir))
         try:

@@ -145,7 +145,8 @@ def test_growth_stays_packed_own_servers_then_the_rack_then_anywhere_only_at_any
     assert growth_parts(view, 12, ["a1"], "a1", LocalityLevel.PACKED, set()) == [
         ("a1", 2, (0, 1)), ("a2", 4, (0, 1, 2, 3))]              # never outside the rack below `any`
     assert [p[0] for p in growth_parts(view, 12, ["a1"], "a1", LocalityLevel.ANY, set())] == ["a1", "a2", "b1"]
-    assert growth_parts(view, 4, ["a1"], "a1", LocalityLevel.NODE, set()) == [("a1", 2, (0, 1))]
+    assert growth_parts(view, 4, ["a1"], "a1", LocalityLevel.NODE, set()) == [
+        ("a1", 2, (0, 1)), ("a2", 2, (0, 1))]                    # a one-server gang still grows in its rack
     assert growth_parts(view, 0, ["a1"], "a1", LocalityLevel.ANY, set()) == []
 
 
