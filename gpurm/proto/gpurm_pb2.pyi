@@ -341,7 +341,7 @@ class LocalitySpec(_message.Message):
     def __init__(self, timeout_ms: _Optional[int] = ..., backoff_base_ms: _Optional[int] = ..., backoff_max_ms: _Optional[int] = ..., start_level: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "queue", "gpus", "command", "workdir", "env", "max_retries", "locality")
+    __slots__ = ("name", "queue", "gpus", "command", "workdir", "env", "max_retries", "locality", "placement")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -357,6 +357,7 @@ class JobSpec(_message.Message):
     ENV_FIELD_NUMBER: _ClassVar[int]
     MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
     LOCALITY_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     name: str
     queue: str
     gpus: int
@@ -365,7 +366,8 @@ class JobSpec(_message.Message):
     env: _containers.ScalarMap[str, str]
     max_retries: int
     locality: LocalitySpec
-    def __init__(self, name: _Optional[str] = ..., queue: _Optional[str] = ..., gpus: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., max_retries: _Optional[int] = ..., locality: _Optional[_Union[LocalitySpec, _Mapping]] = ...) -> None: ...
+    placement: str
+    def __init__(self, name: _Optional[str] = ..., queue: _Optional[str] = ..., gpus: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., max_retries: _Optional[int] = ..., locality: _Optional[_Union[LocalitySpec, _Mapping]] = ..., placement: _Optional[str] = ...) -> None: ...
 
 class Learner(_message.Message):
     __slots__ = ("rank", "node_id", "host", "gpu_indices", "container_id", "state", "exit_code", "signal", "pid", "preemptible", "usage")
