@@ -255,8 +255,10 @@ def describe_placement(spec: pb.JobSpec) -> str:
     if spec.placement != Placement.SPREAD.value:
         return "pack (the fewest servers)"
     mode = spec.locality.mode or "prefer"
-    how = {"strict": "never more per server than the cluster's shape forces",
-           "any": "over the servers free now, without waiting"}.get(mode, "then 2, 3, ... after each timeout")
+    if mode == "any":
+        return "spread (over as many servers as have a free GPU now, distinct racks first; does not wait)"
+    how = "never more than the cluster's shape forces" if mode == "strict" else \
+        "one more per server after each locality timeout"
     return f"spread (one GPU per server, distinct racks first; {how})"
 
 
