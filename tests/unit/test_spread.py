@@ -150,3 +150,24 @@ def test_a_pack_job_is_unchanged_by_the_field() -> None:
     m = Master(job, 0.0, rng=random.Random(5))
     m.on_view([srv("a", "r1", 8), srv("b", "r1", 8)], 0.0)
     assert [(n, g) for n, g, _ in m.asks()] == [("a", 4)] and m.attempt.level == "packed" and not m.spread
+
+
+def test_catching_up_raises_the_cap_cycle_by_cycle_and_only_then_skips_idle_cycles() -> None:
+    # A full cluster: nothing fits at any cap. A driver that skips timer events (the simulator) must still see the
+    # cap go 1 -> 2 -> 3 -> no cap, as stepping through every deadline would.
+    full = [srv(n, "r1", 0) for n in "abcd"]
+    stepped = Master(spread_job(4), 0.0, rng=random.Random(9))
+    stepped.on_view(full, 0.0)
+    skipped = Master(spread_job(4), 0.0, rng=random.Random(9))
+    skipped.on_view(full, 0.0)
+    caps = [stepped.cap]
+    while (deadline := stepped.next_deadline()) is not None and deadline <= 5000:
+        stepped.step(deadline)
+        if stepped.cap != caps[-1]:
+            caps.append(stepped.cap)
+    assert caps == [1, 2, 3, 0]
+    skipped.catch_up(5000)
+    assert (skipped.cap, skipped.backoffs, skipped.backoff_until, skipped.phase) == \
+        (stepped.cap, stepped.backoffs, stepped.backoff_until, stepped.phase)
+    skipped.take_reports(5000)
+    assert skipped.attempt.level == "spread:any"
