@@ -10,7 +10,7 @@ import pytest
 
 from gpurm.proto import gpurm_pb2 as pb
 from tests.conftest import TestBroker
-from tests.integration.harness import DevCluster
+from tests.integration.harness import ROOT, DevCluster
 
 ENV = ["--", "sh", "-c", 'echo "rank $NODE_RANK of $NNODES, $NPROC_PER_NODE here, world $WORLD_SIZE"']
 
@@ -58,3 +58,11 @@ def test_a_bad_placement_is_refused_naming_the_field(cluster: DevCluster) -> Non
     job_file.write_text("gpus: 1\ncommand: 'true'\nplacement: scatter\n")
     r = cluster.gpurm("submit", str(job_file))
     assert r.code == 2 and "placement:" in r.err and "pack, spread" in r.err, r.err
+
+
+def test_the_example_job_file_runs_spread(cluster: DevCluster) -> None:
+    # configs/jobs/serve-spread-4gpu.yaml: toy_train.py on four servers, rendezvousing over MASTER_ADDR.
+    job_id = cluster.submit(str(ROOT / "configs" / "jobs" / "serve-spread-4gpu.yaml"))
+    job = cluster.wait_job(job_id, timeout=120)
+    assert job.state == pb.JOB_SUCCEEDED, (job.diagnostics, job.waiting_reason)
+    assert len({ln.node_id for ln in job.attempts[-1].learners}) == 4
