@@ -5,6 +5,9 @@ for exactly the plan's servers; keep grants as they come) -> LAUNCHING (start ev
 (watch them) -> SUCCEEDED, or STOPPING (tear the gang down) -> a new attempt, or FAILED.
 If the gang is not complete within `timeout` of entering a level, everything held is released, the AM backs off
 (base x 2^k with full jitter, capped) and relaxes one level; at `any` it keeps cycling with back-off.
+A `placement: spread` job has no locality level (its `level` stays `any`): it plans with `plan_spread` under a cap
+of GPUs per server, 1 (or the least the cluster's shape allows) first, and relaxing raises the cap by one
+(`prefer`), never (`strict`), or there is no cap from the start (`any`); see docs/jobs.md.
 
 The shell feeds it the view, grants, completions and launch results, and carries out what it asks for: the asks
 sent with each allocate, releases, learner launches and stops, attempt reports and the final state.
@@ -23,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from gpurm.am.elastic import growth_parts
-from gpurm.am.placement import Part, Plan, ServerView, View, as_view, plan
+from gpurm.am.placement import Part, Plan, ServerView, View, as_view, plan, plan_spread, spread_shape_cap
 from gpurm.am.relax import CostRelax, FreeRate
 from gpurm.queues.fields import format_duration
-from gpurm.rm.jobspec import JobSpec, LocalityLevel, LocalityMode
+from gpurm.rm.jobspec import JobSpec, LocalityLevel, LocalityMode, Placement
 from gpurm.rm.model import FailureKind, JobState, Learner
 
 USER_ERROR_WINDOW_S = 60.0     # a failure this soon after start, twice with one exit code, is the user's
@@ -154,6 +157,8 @@ class Master:
     def __init__(self, spec: JobSpec, now: float, rng: random.Random | None = None, first_attempt: int = 1,
                  relax: CostRelax | None = None) -> None:
         self.spec = spec
+        self.spread = spec.placement is Placement.SPREAD
+        self.cap = 0                   # a spread job's most GPUs per server now (0: no cap); see _first_cap
         # None: wait `locality.timeout` at each level (the default). A CostRelax: wait while the time waited is
         # below the run time the level saves (see am/relax.py).
         self.relax = relax
@@ -284,7 +289,8 @@ class Master:
         """Backing off at the last level it will try (`any`; a strict job's own level), holding nothing, in a
         view where nothing fits at that level."""
         return (self.phase is Phase.BACKOFF and self.level is self._next_level() and not self.held
-                and self.view.cannot_fit(self.spec.gpus, self.level))
+                and self.view.cannot_fit(self.spec.gpus, self.level)
+                and (not self.spread or self._next_cap() == self.cap))
 
     def _skip_idle_cycles(self, now: float) -> None:
         """Back-off → plan at the last level (nothing fits) → time out → back-off, as many whole cycles as end before
@@ -298,7 +304,7 @@ class Master:
             self.backoff_until = self.level_since + timeout + self.rng.uniform(0.0, cap)
         if self.backoff_until <= now:
             self.step(self.backoff_until)        # the last back-off ends before now: plan (and fail) for real
-        self.attempt.level = self.level.label
+        self.attempt.level = self._label()
         self.dirty.add(self.attempt.number)
 
     @property
@@ -469,6 +475,7 @@ class Master:
             last.state = JobState.ALLOCATING
             last.learners = []
             self.dirty.add(last.number)
+            self.cap = self._first_cap()
             self._enter_level(self._first_level(), now)
         self.step(now)
 
@@ -486,11 +493,15 @@ class Master:
         if self.phase is Phase.BACKOFF:
             if now < self.backoff_until:
                 return
+            if self.spread:
+                self.cap = self._next_cap()
             self._enter_level(self._next_level(), now)
         if self.phase is Phase.PLANNING and self._shape_floor(self.level) is not self.level:
             self._enter_level(self.level, now)    # the cluster's shape can never hold the job here: skip at once
+        if self.phase is Phase.PLANNING and self.spread and self._cap_floor(self.cap) != self.cap:
+            self._enter_level(self.level, now)    # the same for a spread job's cap (the view came after entering)
         if self.phase is Phase.PLANNING:
-            self.plan = plan(self.spec.gpus, self.view, self.level, self.avoid, self.salt) if len(self.view) else None
+            self.plan = self._plan() if len(self.view) else None
             if self.plan is not None:
                 self.phase = Phase.ACQUIRING
                 self.plan_replies = 0
@@ -503,13 +514,54 @@ class Master:
             elif self.plan_replies >= 2:
                 # Somebody got the planned servers first (many AMs plan from one view). Holding nothing, plan
                 # again at the same level at once; the level's clock keeps running.
-                self.plan = plan(self.spec.gpus, self.view, self.level, self.avoid, self.salt)
+                self.plan = self._plan()
                 self.plan_replies = 0
                 if self.plan is None:
                     self.phase = Phase.PLANNING
         if self.phase in (Phase.PLANNING, Phase.ACQUIRING) and \
                 now >= self._level_deadline():   # same expression as next_deadline
             self._give_up_level(now)
+
+    def _plan(self) -> Plan | None:
+        if self.spread:
+            return plan_spread(self.spec.gpus, self.view, self.cap, self.avoid, self.salt)
+        return plan(self.spec.gpus, self.view, self.level, self.avoid, self.salt)
+
+    def _label(self) -> str:
+        """The attempt's level as reported: a locality level, or for a spread job `spread:N` (at most N GPUs per
+        server) or `spread:any` (no cap)."""
+        if self.spread:
+            return f"spread:{self.cap}" if self.cap else "spread:any"
+        return self.level.label
+
+    def _first_cap(self) -> int:
+        """A spread job's first cap: one GPU per server, or no cap for `locality: any` (spread over whatever is
+        free now, without waiting); _cap_floor raises it to what the cluster's shape allows."""
+        return 0 if self.spec.locality.mode is LocalityMode.ANY else 1
+
+    def _cap_floor(self, cap: int) -> int:
+        """`cap`, or the least cap the cluster's shape allows when `cap` is below it (8 GPUs over 4 servers: 2 per
+        server); 0 (no cap) once a cap no longer limits anything (it reaches the job's GPUs or the biggest server's).
+        No change without a view."""
+        if cap == 0:
+            return 0
+        gpus = self.spec.gpus
+        if len(self.view):
+            sizes = [s.total for s in self.view.servers]
+            least = spread_shape_cap(gpus, sizes)
+            if least == 0:
+                return 0
+            cap = max(cap, least)
+            if cap >= max(sizes):
+                return 0
+        return 0 if cap >= gpus else cap
+
+    def _next_cap(self) -> int:
+        """A spread job's cap after a back-off: `strict` keeps its first (floored) cap, `prefer` allows one GPU more
+        per server each time, up to no cap."""
+        if self.spec.locality.mode is LocalityMode.STRICT:
+            return self._cap_floor(self._first_cap())
+        return 0 if self.cap == 0 else self._cap_floor(self.cap + 1)
 
     def _level_deadline(self) -> float:
         """When the current level is given up: its timeout, or with a cost policy (and a looser level to go to)
@@ -523,8 +575,9 @@ class Master:
         return self.relax.deadline(self.level, nxt, self.level_since, self.view, self.spec.gpus, self.frees)
 
     def _first_level(self) -> LocalityLevel:
-        """Where an attempt starts: `any` for a job that does not care about locality, else its start level."""
-        if self.spec.locality.mode is LocalityMode.ANY:
+        """Where an attempt starts: `any` for a job that does not care about locality (or a spread job, which has no
+        locality level), else its start level."""
+        if self.spec.locality.mode is LocalityMode.ANY or self.spread:
             return LocalityLevel.ANY
         return self.spec.locality.start_level
 
@@ -555,7 +608,7 @@ class Master:
         """The level to try after a back-off: one looser (`any` stays `any`); a strict job stays at the best level
         the cluster's shape allows it from its start level; so does a multi-GPU `prefer` job that fits on one
         server, once at `packed` (one server for it), unless its AM relaxes by cost: see _keeps_one_server."""
-        if self.spec.locality.mode is LocalityMode.STRICT:
+        if self.spec.locality.mode is LocalityMode.STRICT or self.spread:
             return self._shape_floor(self._first_level())
         if self._keeps_one_server():
             return self.level
@@ -577,10 +630,12 @@ class Master:
         level = self._shape_floor(level)      # a level the job can never be at is skipped at once
         self.skipped = self._why_skipped(wanted, level) if level is not wanted else ""
         self.level = level
+        if self.spread:
+            self.cap = self._cap_floor(self.cap)
         self.level_since = now
         self.plan = None
         self.phase = Phase.PLANNING
-        self.attempt.level = level.label
+        self.attempt.level = self._label()
         self.dirty.add(self.attempt.number)
 
     def _give_up_level(self, now: float) -> None:
@@ -654,7 +709,7 @@ class Master:
         self.held.clear()
         self.actions.append(Launch(self.attempt.number, learners, master.node_id))
         self.phase = Phase.LAUNCHING
-        self.attempt.level = self.plan.level.label
+        self.attempt.level = self._label() if self.spread else self.plan.level.label
         self.attempt.waiting_reason = "starting its learners"
         self._sync_learners()
 
@@ -758,6 +813,7 @@ class Master:
         self.attempts.append(AttemptRecord(number=number, start_time=now))
         self.dirty.add(number)
         self.backoffs = 0
+        self.cap = self._first_cap() if self.spread else 0
         self._enter_level(self._first_level(), now)
 
     def _sync_learners(self) -> None:
@@ -777,6 +833,8 @@ class Master:
             self.dirty.add(self.attempt.number)
 
     def waiting_reason(self, now: float) -> str:
+        if self.spread:
+            return self._spread_reason(now)
         gpus = self.spec.gpus
         level = self.level
         timeout = self.spec.locality.timeout_s if self.phase is Phase.BACKOFF else \
@@ -802,6 +860,35 @@ class Master:
             return (f"waiting for {want}; {clock}; holding {self.held_gpus} of {gpus}, "
                     f"waiting on {waits}{more}")
         return f"waiting for {want}; {clock}; {self._best_hint(level)}"
+
+    def _spread_reason(self, now: float) -> str:
+        gpus = self.spec.gpus
+        label = self._label()
+        strict = self.spec.locality.mode is LocalityMode.STRICT
+        if self.phase is Phase.BACKOFF:
+            nxt = self._next_cap()
+            then = f"spread:{nxt}" if nxt else "spread:any"
+            again = " again (locality strict: never more GPUs per server)" if strict and nxt == self.cap else \
+                " again" if nxt == self.cap else ""
+            return (f"backing off {format_duration(max(0.0, self.backoff_until - now))} after {label} timed out; "
+                    f"then trying {then}{again}")
+        timeout = max(0.0, self._level_deadline() - self.level_since)
+        clock = f"{label}, {format_duration(now - self.level_since)} of {format_duration(timeout)}"
+        if strict:
+            clock += " (locality strict: it waits here, never more GPUs per server)"
+        per = "one GPU per server" if self.cap == 1 else f"at most {self.cap} per server" if self.cap else \
+            "as many servers as are free"
+        want = f"{gpus} GPUs spread, {per}"
+        if self.phase is Phase.ACQUIRING and self.plan is not None:
+            missing = self._missing_parts()
+            waits = ", ".join(f"{p.node_id} ({p.gpus})" for p in missing[:4])
+            more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+            return f"waiting for {want}; {clock}; holding {self.held_gpus} of {gpus}, waiting on {waits}{more}"
+        usable = [s for s in self.view.servers if s.node_id not in self.avoid and s.free]
+        limit = self.cap or gpus
+        room = sum(min(len(s.free), limit) for s in usable)
+        return (f"waiting for {want}; {clock}; {len(usable)} server{'s' if len(usable) != 1 else ''} with a free GPU "
+                f"offer {room} of them")
 
     def _best_hint(self, level: LocalityLevel) -> str:
         usable = [s for s in self.view.servers if s.node_id not in self.avoid]

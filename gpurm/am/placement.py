@@ -16,6 +16,10 @@ servers and whole racks free for the big jobs that need them.
 - At `any`, the fullest servers anywhere while none fits the rest, then the tightest.
 On a server, a learner's GPUs stay on NVLink peers when the topology is known. Ties between equally good choices
 go to a per-AM order (`salt`), so AMs planning from one view spread over them.
+
+A job with `placement: spread` is planned by `plan_spread` instead, with no locality level: one GPU per server on
+as many servers as possible, distinct racks first, never more than `cap` GPUs on one server (the AM raises the cap
+when it waits too long; docs/jobs.md).
 """
 
 from __future__ import annotations
@@ -377,3 +381,49 @@ def _minus_free_count(s: ServerView) -> int:
 def _part(server: ServerView, count: int) -> Part:
     indices = choose_in_islands(server.free, [list(i) for i in server.islands], count) or []
     return Part(server.node_id, server.rack, tuple(indices))
+
+
+def spread_shape_cap(gpus: int, sizes: Iterable[int]) -> int:
+    """The least per-server cap at which `gpus` GPUs can ever be spread over servers of these sizes (healthy GPUs),
+    were every GPU free: 1 where there are `gpus` servers, 2 where only half as many, ...; 0 (no cap) where even
+    whole servers do not hold the job."""
+    held = sorted((n for n in sizes if n > 0), reverse=True)
+    for cap in range(1, (held[0] if held else 0) + 1):
+        if sum(min(n, cap) for n in held) >= gpus:
+            return cap
+    return 0
+
+
+def plan_spread(gpus: int, servers: View | Sequence[ServerView], cap: int, avoid: Iterable[str] = (),
+                salt: int | None = None) -> Plan | None:
+    """A spread placement of `gpus` GPUs with at most `cap` on one server (0: no cap), or None when none fits the
+    view now. As many servers as the free GPUs allow: one GPU from each server in turn, taking the servers in an
+    order that goes through the racks (the fullest rack's fullest server, then the next rack's, ...; a second
+    server of a rack only after every rack gave one), then a second GPU from each, and so on. The fullest first
+    (best fit), so that whole servers stay free for the jobs that pack. The plan's level is `any`."""
+    view = as_view(servers)
+    if view.total_free < gpus:
+        return None
+    avoided = set(avoid)
+    candidates = [s for s in view.candidates() if s.node_id not in avoided]
+    limit = cap if cap > 0 else gpus
+    if sum(min(len(s.free), limit) for s in candidates) < gpus:
+        return None
+    tie = _tie(salt)
+    racks: dict[str, list[ServerView]] = {}
+    for s in candidates:
+        racks.setdefault(s.rack, []).append(s)
+    rack_free = {r: sum(len(s.free) for s in members) for r, members in racks.items()}
+    ordered = [sorted(members, key=lambda s: (len(s.free), tie(s.node_id)))
+               for _, members in sorted(racks.items(), key=lambda kv: (rack_free[kv[0]], tie(kv[0])))]
+    order = [rack[i] for i in range(max(len(r) for r in ordered)) for rack in ordered if i < len(rack)]
+    counts = [0] * len(order)
+    remaining = gpus
+    while remaining > 0:
+        for k, s in enumerate(order):
+            if remaining == 0:
+                break
+            if counts[k] < limit and counts[k] < len(s.free):
+                counts[k] += 1
+                remaining -= 1
+    return Plan(LocalityLevel.ANY, [_part(s, n) for s, n in zip(order, counts, strict=True) if n > 0])

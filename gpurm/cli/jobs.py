@@ -27,6 +27,7 @@ from gpurm.rm.jobspec import (
     JobSpec,
     LocalityLevel,
     LocalityMode,
+    Placement,
     parse_gpus,
     parse_job_yaml,
     spec_to_proto,
@@ -105,6 +106,8 @@ def _spec_from_args(args: argparse.Namespace) -> JobSpec:
         spec.locality.start_level = LocalityLevel.parse(args.start_level)
     if getattr(args, "locality", None):
         spec.locality.mode = LocalityMode.parse(args.locality)
+    if getattr(args, "placement", None):
+        spec.placement = Placement.parse(args.placement)
     problems = validate_spec(spec)
     if problems:
         raise CliError("; ".join(problems))
@@ -221,7 +224,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         info = j.diagnostics if j.state in TERMINAL else j.waiting_reason
         if j.state == pb.JOB_FAILED and j.exit_code:
             info = f"exit {j.exit_code}: {info}"
-        gpus = gpus_text(j.spec) + ("*" if j.preemptible else "")
+        gpus = gpus_text(j.spec) + ("*" if j.preemptible else "") + \
+            (" spread" if j.spec.placement == Placement.SPREAD.value else "")
         rows.append([j.job_id, j.spec.name or "-", j.user, j.queue.removeprefix("root."), state_name(j.state),
                      gpus, attempt or "-", elapsed, info])
     table(["JOB", "NAME", "USER", "QUEUE", "STATE", "GPUS", "ATT", "TIME", "INFO"], rows, max_last=70)
@@ -255,6 +259,18 @@ def describe_locality(loc: pb.LocalitySpec) -> str:
         f"{mode} (from {start}; {what}; {timeout} per try)"
 
 
+def describe_placement(spec: pb.JobSpec) -> str:
+    """The job's placement as `gpurm status` shows it (docs/jobs.md, "Placement")."""
+    if spec.placement != Placement.SPREAD.value:
+        return "pack (the fewest servers)"
+    mode = spec.locality.mode or "prefer"
+    if mode == "any":
+        return "spread (over as many servers as have a free GPU now, distinct racks first; does not wait)"
+    how = "never more than the cluster's shape forces" if mode == "strict" else \
+        "one more per server after each locality timeout"
+    return f"spread (one GPU per server, distinct racks first; {how})"
+
+
 def render_status(job: pb.Job, now: float | None = None) -> str:
     now = now or time.time()
     lines: list[str] = []
@@ -283,6 +299,7 @@ def render_status(job: pb.Job, now: float | None = None) -> str:
     field("command", cmd)
     field("workdir", spec.workdir or "-")
     field("locality", describe_locality(spec.locality))
+    field("placement", describe_placement(spec))
     field("submitted", f"{clock(job.submit_ms)} ({ago(job.submit_ms, now)} ago)")
     if job.start_ms:
         field("started", clock(job.start_ms))

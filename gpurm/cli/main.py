@@ -54,9 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _sub(subs, "submit", "submit a job from a YAML file, or a command after --",
              "  gpurm submit configs/jobs/train-16gpu.yaml\n"
              "  gpurm submit --gpus 2 --queue research.nlp --name probe -- python train.py --lr 3e-4\n"
-             "  JOB=$(gpurm submit --gpus 1 --wait -- ./eval.sh)")
+             "  JOB=$(gpurm submit --gpus 1 --wait -- ./eval.sh)\n"
+             "  gpurm submit --gpus 4 --placement spread -- ./serve.sh   # 4 servers, 1 GPU each")
     p.add_argument("file", nargs="?", help="job file (YAML: name, queue, gpus, command, workdir, env, "
-                                           "max_retries, locality); see docs/jobs.md")
+                                           "max_retries, locality, placement); see docs/jobs.md")
     p.add_argument("--gpus", help="GPUs for the job, or MIN:MAX for an elastic job that grows and shrinks "
                    "between them, e.g. 4:16 (overrides the file)")
     p.add_argument("--queue", help="leaf queue path, e.g. research.nlp (default: the file's, else `default`)")
@@ -71,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--locality", choices=("strict", "prefer", "any"),
                    help="how much the job cares about locality: strict never relaxes, prefer (default) relaxes "
                         "after waiting, any does not wait for locality")
+    p.add_argument("--placement", choices=("pack", "spread"),
+                   help="pack (default): the fewest servers; spread: one container per server on as many servers "
+                        "and racks as possible (e.g. --gpus 4 --placement spread: 4 servers, 1 GPU each)")
     p.add_argument("--wait", action="store_true", help="wait for the job to end, showing progress; exit 0 only if "
                                                       "it succeeded")
     p.set_defaults(func=jobs.cmd_submit)

@@ -64,6 +64,22 @@ class LocalityMode(enum.Enum):
             raise ValueError(f"must be one of strict, prefer, any; got {text!r}") from None
 
 
+class Placement(enum.Enum):
+    """How a job's GPUs are laid out: packed on as few servers as possible (the default), or spread one container
+    per server over as many servers (and racks) as possible, for replicated services (parameter servers, data
+    loaders, inference replicas). See docs/jobs.md for how `locality` applies to a spread job."""
+
+    PACK = "pack"
+    SPREAD = "spread"
+
+    @classmethod
+    def parse(cls, text: str) -> Placement:
+        try:
+            return cls(text.lower())
+        except ValueError:
+            raise ValueError(f"must be one of pack, spread; got {_clip(text)}") from None
+
+
 @dataclass
 class Locality:
     timeout_s: float = 60.0
@@ -83,6 +99,7 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
     max_retries: int = DEFAULT_MAX_RETRIES
     locality: Locality = field(default_factory=Locality)
+    placement: Placement = Placement.PACK
     max_gpus: int = 0            # elastic: may grow up to this many GPUs; 0 = rigid (exactly `gpus`)
 
     @property
@@ -182,6 +199,15 @@ def spec_from_mapping(data: Any, source: str = "job", base_dir: str | None = Non
             mode=_mode_text(loc, "mode", loc.text("mode", "prefer")),
         )
         loc.reject_unknown()
+    raw_placement = r.raw("placement")
+    if raw_placement is not None:
+        if isinstance(raw_placement, str):
+            try:
+                spec.placement = Placement.parse(raw_placement)
+            except ValueError as exc:
+                r.error("placement", str(exc))
+        else:
+            r.error("placement", f"must be one of pack, spread; got {_clip(str(raw_placement))}")
     r.reject_unknown()
     for p in validate_spec(spec):
         if p not in problems.items:
@@ -289,6 +315,8 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
             mode=spec.locality.mode.value,
         ),
     )
+    if spec.placement is not Placement.PACK:
+        msg.placement = spec.placement.value     # "" on the wire is pack, as from a client that predates the field
     return msg
 
 
@@ -316,6 +344,12 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
                 problems.append(f"locality.mode: {exc}")
         if min(lm.timeout_ms, lm.backoff_base_ms, lm.backoff_max_ms) < 0:
             problems.append("locality: durations must not be negative")
+    placement = Placement.PACK
+    if msg.placement:
+        try:
+            placement = Placement.parse(msg.placement)
+        except ValueError as exc:
+            problems.append(f"placement: {exc}")
     spec = JobSpec(
         gpus=msg.gpus,
         command=list(msg.command),
@@ -325,6 +359,7 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
         env=dict(msg.env),
         max_retries=msg.max_retries if msg.HasField("max_retries") else DEFAULT_MAX_RETRIES,
         locality=loc,
+        placement=placement,
         max_gpus=msg.max_gpus,
     )
     problems += validate_spec(spec)

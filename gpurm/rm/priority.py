@@ -277,7 +277,10 @@ def _compact_room(gpus: int, level: str, servers: Sequence[Room], free: Mapping[
     """The cheapest victims among the first `n` of the pool (fewest GPUs preempted, then lowest-ranked) whose
     GPUs, with the idle ones, give `gpus` GPUs where an AM at locality `level` can take them (see
     in_queue_victims); with the servers used. None if none do. `ties_by_order`: between rooms of equal cost, the
-    one whose victims come first in the pool (else the first room found)."""
+    one whose victims come first in the pool (else the first room found). A spread job (`spread:N`) is sized as
+    at `any`."""
+    if level.startswith("spread"):
+        level = "any"
     fewest = -(-gpus // biggest)
     by_domain: dict[str, list[tuple[int, str]]] = {}        # domain -> (-room, server)
     for s in servers:

@@ -36,8 +36,8 @@ Formats (`--format`):
     such as `"2h"`) are required; `id` (default `t<line>`), `queue` (default `default`), `user`, `name` and
     `locality` are optional; other keys are rejected (a typo must not pass silently). `locality` is the job
     file's (docs/jobs.md): a mode (`"strict"`, `"prefer"`, `"any"`) or a mapping of `mode`, `start_level`,
-    `timeout`, `backoff_base` and `backoff_max`; what it leaves out is the run's default. Blank lines and lines
-    starting with `#` are ignored.
+    `timeout`, `backoff_base` and `backoff_max`; what it leaves out is the run's default. `placement` is the job
+    file's too: `"pack"` (the default) or `"spread"`. Blank lines and lines starting with `#` are ignored.
 
 Rules shared by all formats: `gpus` is an integer >= 1; a negative duration is an error, a duration of 0 is
 kept as 1 s and listed in `Trace.fixed` (the simulator needs positive run times; the real Philly table has no
@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpurm.queues.fields import parse_duration
-from gpurm.rm.jobspec import Locality, LocalityLevel, LocalityMode
+from gpurm.rm.jobspec import Locality, LocalityLevel, LocalityMode, Placement
 
 FORMATS = ("philly-csv", "philly-joblog", "tiresias", "jsonl")
 DEFAULT_QUEUE = "default"
@@ -122,6 +122,7 @@ class TraceJob:
     # None: from the locality mode, else the model name, else the configured mix (runtime.sensitivity_of).
     sensitivity: float | None = None
     locality: TraceLocality | None = None   # the job's own locality settings (jsonl only); None: the run's
+    placement: Placement = Placement.PACK   # the job file's `placement` (jsonl only)
 
 
 @dataclass
@@ -159,6 +160,7 @@ class _Raw:
     user: str
     name: str
     locality: TraceLocality | None = None
+    placement: Placement = Placement.PACK
 
 
 @dataclass
@@ -249,7 +251,7 @@ def _finish(read: _Read, source: str, fmt: str, has_dates: bool, window: tuple[s
     base = min(r.at for r in kept)
     kept.sort(key=lambda r: (r.at, r.line))
     jobs = [TraceJob(r.job_id, r.at - base, r.gpus, r.duration_s, r.queue, r.user, r.name, r.line,
-                     locality=r.locality) for r in kept]
+                     locality=r.locality, placement=r.placement) for r in kept]
 
     def inside(items: list[tuple[float | None, int, str]]) -> list[tuple[int, str]]:
         # Notes about jobs outside the window would be noise; those without a known time are always kept.
@@ -431,7 +433,7 @@ def _read_tiresias(f: IO[str], source: str) -> _Read:
 
 def _read_jsonl(f: IO[str], source: str) -> _Read:
     read = _Read()
-    known = ("id", "submit", "gpus", "duration", "queue", "user", "name", "locality")
+    known = ("id", "submit", "gpus", "duration", "queue", "user", "name", "locality", "placement")
     for line, text in enumerate(f, start=1):
         stripped = text.strip()
         if not stripped or stripped.startswith("#"):
@@ -457,10 +459,20 @@ def _read_jsonl(f: IO[str], source: str) -> _Read:
             raise TraceError(source, line, "id", "is empty")
         queue = _queue(obj.get("queue", DEFAULT_QUEUE), source, line, "queue")
         locality = _locality(obj["locality"], source, line) if "locality" in obj else None
+        placement = _placement(obj["placement"], source, line) if "placement" in obj else Placement.PACK
         read.jobs.append(_Raw(at, line, job_id, gpus, duration, queue, _text(obj.get("user", ""), source, line,
                                                                               "user"),
-                              _text(obj.get("name", ""), source, line, "name"), locality))
+                              _text(obj.get("name", ""), source, line, "name"), locality, placement))
     return read
+
+
+def _placement(value: object, source: str, line: int) -> Placement:
+    if isinstance(value, str):
+        try:
+            return Placement.parse(value)
+        except ValueError as exc:
+            raise TraceError(source, line, "placement", str(exc)) from None
+    raise TraceError(source, line, "placement", f"must be one of pack, spread; got {str(value)[:80]!r}")
 
 
 _LOCALITY_KEYS = ("mode", "start_level", "timeout", "backoff_base", "backoff_max")

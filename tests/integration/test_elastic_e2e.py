@@ -53,7 +53,8 @@ def wait_world(c: DevCluster, job: str, world: int, timeout: float = 120) -> int
 
 def test_an_elastic_torchrun_job_grows_shrinks_and_keeps_training(tmp_path: Path, broker: TestBroker) -> None:
     if importlib.util.find_spec("torch") is None:
-        pytest.fail("torch is missing: run ./scripts/setup-venv (it installs the `torch` extra: pip install -e '.[torch]')")
+        pytest.fail("torch is missing: run ./scripts/setup-venv (it installs the torch extra, "
+                    "pip install -e '.[torch]')", pytrace=False)
     work = tmp_path / "work"
     work.mkdir()
     work.chmod(0o777)                # the learners run as an unprivileged user and checkpoint here

@@ -8,6 +8,7 @@ from gpurm.queues.fields import ConfigError
 from gpurm.rm.jobspec import (
     LocalityLevel,
     LocalityMode,
+    Placement,
     parse_job_yaml,
     spec_from_proto,
     spec_to_proto,
@@ -118,3 +119,30 @@ def test_the_mode_travels_on_the_wire_and_a_bad_one_is_refused() -> None:
     with pytest.raises(ConfigError) as info:
         spec_from_proto(msg)
     assert any(p.startswith("locality.mode:") for p in info.value.problems)
+
+
+def test_placement_defaults_to_pack_and_spread_is_read() -> None:
+    assert parse_job_yaml("gpus: 4\ncommand: x\n").placement is Placement.PACK
+    spec = parse_job_yaml("gpus: 4\ncommand: x\nplacement: spread\nlocality: strict\n")
+    assert spec.placement is Placement.SPREAD and spec.locality.mode is LocalityMode.STRICT
+    assert parse_job_yaml("gpus: 4\ncommand: x\nplacement: SPREAD\n").placement is Placement.SPREAD
+
+
+@pytest.mark.parametrize("value", ["scatter", "1", "[spread]", "{a: b}", "'" + "x" * 500 + "'"])
+def test_bad_placement_names_the_field(value: str) -> None:
+    ps = problems(f"gpus: 1\ncommand: x\nplacement: {value}\n")
+    assert len(ps) == 1 and ps[0].startswith("job.yaml: placement:") and "pack, spread" in ps[0], ps
+    assert len(ps[0]) < 200        # a huge value is clipped in the error
+
+
+def test_placement_travels_on_the_wire_and_a_bad_one_is_refused() -> None:
+    spec = parse_job_yaml("gpus: 4\ncommand: x\nplacement: spread\n")
+    msg = spec_to_proto(spec)
+    assert msg.placement == "spread"
+    assert spec_from_proto(msg) == spec
+    # pack is the wire's empty default: a spec from a client that predates the field is a pack job
+    assert spec_to_proto(parse_job_yaml("gpus: 4\ncommand: x\n")).placement == ""
+    msg.placement = "wide"
+    with pytest.raises(ConfigError) as info:
+        spec_from_proto(msg)
+    assert any(p.startswith("placement:") and "'wide'" in p for p in info.value.problems)

@@ -113,3 +113,14 @@ def test_a_waiting_job_that_fits_in_idle_gpus_needs_no_victim() -> None:
     b.run("a2", "a", 2.0, {"n0": 4})
     b.run("a3", "a", 3.0, {"n1": 4})
     assert b.decide({"b": [Waiter("b-1", 4, "packed"), Waiter("b-2", 4, "packed")]}) == ["a3"]
+
+
+def test_a_spread_job_gets_its_room_as_at_any() -> None:
+    # The same cluster; b's 8-GPU job reports `spread:2` (a spread AM's level): its room is sized as at `any`, the
+    # newest jobs first wherever they run (a3 on n1, a4 on n3: one per rack is fine for it), not inside one rack.
+    servers = [Room("n0", "r0", 4, 4), Room("n1", "r0", 4, 4), Room("n2", "r1", 4, 4), Room("n3", "r1", 4, 4)]
+    for level in ("any", "spread:2", "spread:any"):
+        b = Book("queues:\n  a: {}\n  b: {}\n", servers)
+        for job, start, node in (("a1", 1.0, "n0"), ("a2", 2.0, "n2"), ("a3", 3.0, "n1"), ("a4", 4.0, "n3")):
+            b.run(job, "a", start, {node: 4})
+        assert b.decide({"b": [Waiter("b-1", 8, level)]}) == ["a3", "a4"], level

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
 from gpurm.rm.cluster import GpuRecord, Node, NodeState
-from gpurm.rm.jobspec import JobSpec, Locality, LocalityLevel
+from gpurm.rm.jobspec import JobSpec, Locality, LocalityLevel, Placement
 from gpurm.rm.model import Attempt, Container, ContainerKind, ExitKind, ExitStatus, Job, JobState, Learner
 from gpurm.rm.store import SqliteStore
 
@@ -52,3 +53,25 @@ def test_a_failed_save_changes_nothing(tmp_path: Path) -> None:
     except Exception:
         pass
     assert [j.job_id for j in store.load().jobs] == ["job-1"]
+
+
+def test_a_spread_job_stays_spread_and_an_old_record_without_the_field_is_a_pack_job(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    store = SqliteStore(path)
+    spread = Job("job-1", JobSpec(gpus=4, command=["serve"], placement=Placement.SPREAD), "alice", "root.default",
+                 1.0, seq=1)
+    store.save([spread], [], [], {})
+    store.close()
+    again = SqliteStore(path)
+    (job,) = again.load().jobs
+    assert job.spec.placement is Placement.SPREAD and job == spread
+    # A record written before the field existed has no `placement` key: it loads as pack.
+    again.close()
+    db = sqlite3.connect(path)
+    data = json.loads(db.execute("SELECT data FROM jobs").fetchone()[0])
+    del data["spec"]["placement"]
+    db.execute("UPDATE jobs SET data = ?", (json.dumps(data),))
+    db.commit()
+    db.close()
+    (old,) = SqliteStore(path).load().jobs
+    assert old.spec.placement is Placement.PACK
