@@ -10,6 +10,9 @@
 - Telemetry, every `telemetry.interval`: the node's reading (JSON) goes in the next heartbeat
   (`NodeHeartbeat.telemetry`; the RM republishes it retained on `gpurm/telemetry/<node_id>`: agents publish
   nothing on the broker) and is summarised per container (`ContainerUsage`).
+- Container usage, every `telemetry.container_interval` (15 s): each live container's CPU cores, resident memory
+  (`procstats.py`: its cgroup's counters, else summed over its processes) and GPU utilisation (the latest GPU
+  telemetry) are appended to its bounded series (`series.py`, `<container dir>/usage.jsonl`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from gpurm.nodeagent.health import (
     describe_xid,
     interpret_script,
 )
+from gpurm.nodeagent.procstats import CpuMeter, Reading, read_container
+from gpurm.nodeagent.series import ContainerSeries, series_path
 from gpurm.nodeagent.telemetry import node_payload, summarise
 from gpurm.proto import gpurm_pb2 as pb
 
@@ -79,6 +84,9 @@ class AgentMonitor:
         self._registered: dict[int, tuple[bool, str]] = {}  # GPU health as the last registration carried it
         self._telemetry = b""                              # the latest reading not yet sent to the RM
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.series: dict[str, ContainerSeries] = {}       # live containers' usage series
+        self._cpu: dict[str, CpuMeter] = {}
+        self._gpu_util: dict[str, float | None] = {}       # latest GPU utilisation per container
 
     # ------------------------------------------------------------------ wiring
 
@@ -174,6 +182,7 @@ class AgentMonitor:
         containers = {r.container_id: list(r.gpu_indices) for r in self.supervisor.records()
                       if r.live and r.gpu_indices}
         summaries = summarise(samples, containers)
+        self._gpu_util = {cid: s.util_avg_pct for cid, s in summaries.items()}
         self._usage.update({cid: s.text() for cid, s in summaries.items()})
         self._telemetry = node_payload(self.cfg.node_id, int(time.time() * 1000), self.gpus, samples, holders,
                                        summaries)
@@ -186,6 +195,40 @@ class AgentMonitor:
                 log.exception("GPU telemetry failed")
             await asyncio.sleep(self.cfg.telemetry.interval_s)
 
+    # ------------------------------------------------------------------ container usage series
+
+    def _read_containers(self, wanted: dict[str, Path | None]) -> dict[str, Reading]:
+        """Blocking (/proc scans): run in a thread."""
+        return {cid: read_container(self.supervisor.processes(cid), cgroup) for cid, cgroup in wanted.items()}
+
+    async def sample_containers(self) -> None:
+        live = {r.container_id: (Path(r.cgroup) if r.cgroup else None) for r in self.supervisor.records() if r.live}
+        for cid in set(self.series) - set(live):
+            self.series.pop(cid, None)
+            self._cpu.pop(cid, None)
+        readings = await asyncio.to_thread(self._read_containers, live)
+        now = self.clock()
+        for cid, reading in readings.items():
+            cores = self._cpu.setdefault(cid, CpuMeter()).update(now, reading.cpu_s)
+            if cores is None:
+                continue   # the first reading only starts the CPU meter
+            series = self.series.get(cid)
+            if series is None:
+                try:
+                    path: Path | None = series_path(self.supervisor.container_dir(cid))
+                except Exception:
+                    path = None
+                series = self.series[cid] = ContainerSeries(path)
+            series.add(now, cores, reading.rss_bytes / (1024 * 1024), self._gpu_util.get(cid))
+
+    async def _container_loop(self) -> None:
+        while True:
+            try:
+                await self.sample_containers()
+            except Exception:
+                log.exception("container usage sampling failed")
+            await asyncio.sleep(self.cfg.telemetry.container_interval_s)
+
     # ------------------------------------------------------------------ run
 
     async def run(self) -> None:
@@ -195,6 +238,8 @@ class AgentMonitor:
             loops.append(self._script_loop(self.cfg.health.script))
         if self.cfg.telemetry.interval_s > 0:
             loops.append(self._telemetry_loop())
+        if self.cfg.telemetry.container_interval_s > 0:
+            loops.append(self._container_loop())
         await asyncio.gather(*loops)
 
     async def close(self) -> None:

@@ -1,0 +1,49 @@
+"""Right-sizing end to end: the real RM and agent (fake GPUs) run a learner that goes through phases
+(scripts/workloads/phased_learner.py); the agent samples it every 200 ms into its usage series."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpurm.proto import gpurm_pb2 as pb
+from gpurm.rightsize.series import SERIES_FILE, parse_series
+from tests.conftest import TestBroker
+from tests.integration.harness import ROOT
+from tests.integration.rmproc import WAIT, AgentProcess, RMProcess
+
+LEARNER = ROOT / "scripts" / "workloads" / "phased_learner.py"
+
+
+@pytest.fixture(scope="module")
+def rm(tmp_path_factory: pytest.TempPathFactory, broker: TestBroker) -> Iterator[RMProcess]:
+    proc = RMProcess(tmp_path_factory.mktemp("rightsize-rm"), broker, heartbeat="1s")
+    yield proc
+    assert proc.close() == 0, proc.log_text()
+
+
+def test_the_agent_records_each_containers_cpu_memory_and_gpu_series(rm: RMProcess, tmp_path: Path) -> None:
+    node_id = f"rs-{uuid.uuid4().hex[:6]}"
+    agent = AgentProcess(tmp_path, rm, node_id, telemetry={"interval": "200ms", "container_interval": "200ms"})
+    try:
+        agent.start()
+        job_id = rm.submit(f"{sys.executable} {LEARNER} --scale 0.4 --epochs 1 --mem-mib 200")
+        learner = rm.learner(job_id)
+        job = rm.wait_job(job_id, timeout=WAIT + 30)
+        assert job.state == pb.JOB_SUCCEEDED, job
+        series = parse_series((agent.state / "containers" / learner.container_id / SERIES_FILE).read_text())
+        assert len(series) >= 10, series
+        peak_mem = max(s.mem_mib for s in series)
+        assert 180 <= peak_mem <= 600, peak_mem              # the 200 MiB buffer (+ interpreter), counted once
+        # Training: two busy workers (on a shared 2-core machine they get what they get); loading: mostly idle.
+        assert max(s.cpu for s in series) >= 0.4
+        assert min(s.cpu for s in series) <= 0.2
+        assert any(s.gpu is not None for s in series)        # the fake GPU's utilisation
+        assert series[0].t < series[-1].t
+        assert agent.terminate() == 0
+    finally:
+        agent.close()
