@@ -82,6 +82,23 @@ def test_noise_makes_no_spurious_phases(seed: int) -> None:
     assert model.phases[0].cpu_provision == pytest.approx(statistics.fmean(cpu) + 2 * statistics.pstdev(cpu))
 
 
+@pytest.mark.parametrize("seed", range(24))
+def test_noise_of_any_shape_and_any_length_is_one_phase(seed: int) -> None:
+    rnd = random.Random(seed)
+    kind = seed % 3
+
+    def noise(sd: float) -> float:
+        if kind == 0:
+            return rnd.gauss(0, sd)
+        if kind == 1:
+            return rnd.uniform(-1.7 * sd, 1.7 * sd)
+        return rnd.expovariate(1 / sd) * rnd.choice((1, -1))    # Laplace: heavy tails
+
+    n = (10, 20, 50, 100, 500, 2000)[seed % 6]
+    samples = [Sample(15.0 * i, max(0.0, 2 + noise(0.5)), 3000 + noise(200), 70 + noise(10)) for i in range(n)]
+    assert len(discover(samples).phases) == 1
+
+
 def test_a_short_blip_inside_a_phase_is_absorbed() -> None:
     samples, _ = series([(TRAIN, 40), (LOAD, 1), (TRAIN, 40)])
     model = discover(samples)
