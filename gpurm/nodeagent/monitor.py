@@ -12,7 +12,10 @@
   nothing on the broker) and is summarised per container (`ContainerUsage`).
 - Container usage, every `telemetry.container_interval` (15 s): each live container's CPU cores, resident memory
   (`procstats.py`: its cgroup's counters, else summed over its processes) and GPU utilisation (the latest GPU
-  telemetry) are appended to its bounded series (`series.py`, `<container dir>/usage.jsonl`).
+  telemetry) are appended to its bounded series (`series.py`, `<container dir>/usage.jsonl`). Its phases
+  (`gpurm/rightsize/phases.py`) are found again from the agent's own copy once a minute, or sooner while the series
+  is young, and a changed one-line summary (phases, recommended request) rides the next heartbeat
+  (`ContainerUsage.rightsize`) to `gpurm status JOB`.
 """
 
 from __future__ import annotations
@@ -43,10 +46,13 @@ from gpurm.nodeagent.procstats import CpuMeter, Reading, read_container
 from gpurm.nodeagent.series import ContainerSeries, series_path
 from gpurm.nodeagent.telemetry import node_payload, summarise
 from gpurm.proto import gpurm_pb2 as pb
+from gpurm.rightsize.phases import discover
 
 log = logging.getLogger(__name__)
 
 MAX_SCRIPT_OUTPUT = 64 * 1024
+PHASES_EVERY_S = 60.0          # phases are found again at least this often ...
+PHASES_GROWTH = 20             # ... or when the series grew by 1/20 since the last time (young series: often)
 
 
 async def run_health_script(script: Path, timeout_s: float) -> ScriptResult:
@@ -87,6 +93,9 @@ class AgentMonitor:
         self.series: dict[str, ContainerSeries] = {}       # live containers' usage series
         self._cpu: dict[str, CpuMeter] = {}
         self._gpu_util: dict[str, float | None] = {}       # latest GPU utilisation per container
+        self._phases: dict[str, str] = {}                  # phase summaries not yet sent to the RM
+        self._phases_sent: dict[str, str] = {}
+        self._phases_at: dict[str, tuple[int, float]] = {}  # (samples, time) when phases were last found
 
     # ------------------------------------------------------------------ wiring
 
@@ -105,7 +114,10 @@ class AgentMonitor:
                 msg.gpu_health.append(pb.GpuInfo(index=g.index, uuid=g.uuid, healthy=g.healthy,
                                                  health_reason=g.health_reason))
         usage, self._usage = self._usage, {}
-        msg.usage.extend(pb.ContainerUsage(container_id=cid, summary=text) for cid, text in usage.items())
+        phases, self._phases = self._phases, {}
+        msg.usage.extend(pb.ContainerUsage(container_id=cid, summary=usage.get(cid, ""),
+                                           rightsize=phases.get(cid, ""))
+                         for cid in sorted(usage.keys() | phases.keys()))
         msg.telemetry, self._telemetry = self._telemetry, b""
 
     # ------------------------------------------------------------------ GPU health
@@ -204,8 +216,8 @@ class AgentMonitor:
     async def sample_containers(self) -> None:
         live = {r.container_id: (Path(r.cgroup) if r.cgroup else None) for r in self.supervisor.records() if r.live}
         for cid in set(self.series) - set(live):
-            self.series.pop(cid, None)
-            self._cpu.pop(cid, None)
+            for book in (self.series, self._cpu, self._phases_sent, self._phases_at):
+                book.pop(cid, None)
         readings = await asyncio.to_thread(self._read_containers, live)
         now = self.clock()
         for cid, reading in readings.items():
@@ -220,6 +232,18 @@ class AgentMonitor:
                     path = None
                 series = self.series[cid] = ContainerSeries(path)
             series.add(now, cores, reading.rss_bytes / (1024 * 1024), self._gpu_util.get(cid))
+            self._find_phases(cid, series, now)
+
+    def _find_phases(self, cid: str, series: ContainerSeries, now: float) -> None:
+        count = len(series.samples)
+        last_count, last_time = self._phases_at.get(cid, (0, now))
+        if cid in self._phases_at and count - last_count < max(1, count // PHASES_GROWTH) \
+                and now - last_time < PHASES_EVERY_S:
+            return
+        self._phases_at[cid] = (count, now)
+        text = discover(list(series.samples)).summary()
+        if text and text != self._phases_sent.get(cid):
+            self._phases_sent[cid] = self._phases[cid] = text
 
     async def _container_loop(self) -> None:
         while True:

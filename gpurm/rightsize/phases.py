@@ -104,15 +104,20 @@ class PhaseModel:
         return self.phases[number - 1]
 
     def summary(self, min_cpu: float = 0.0, min_mem_mib: float = 0.0) -> str:
-        """One line: `3 phases (1: 0.1 cores/210 MiB, ...); request 2.1 cores, 260 MiB (peak 2.4 cores, 280 MiB)`."""
+        """One line, at most about 200 characters: `3 phases (0.3 cores/150 MiB x3, 0.6/319 MiB x3, 0.7/481 MiB x2);
+        request 0.7 cores, 481 MiB` (each phase's mean + 2 sigma, and how many times it ran)."""
         if not self.phases:
             return ""
-        parts = ", ".join(f"{p.phase}: {p.cpu_provision:.1f} cores/{p.mem_provision:.0f} MiB x{p.runs}"
-                          for p in self.phases)
+        parts = [f"{p.cpu_provision:.1f}{' cores' if i == 0 else ''}/{mib(p.mem_provision)} x{p.runs}"
+                 for i, p in enumerate(self.phases)]
         rec = self.recommend(min_cpu, min_mem_mib)
         n = len(self.phases)
-        return (f"{n} phase{'s' if n != 1 else ''} ({parts}); request {rec.cpu:.1f} cores, "
-                f"{rec.mem_mib:.0f} MiB")
+        return (f"{n} phase{'s' if n != 1 else ''} ({', '.join(parts)}); request {rec.cpu:.1f} cores, "
+                f"{mib(rec.mem_mib)}")
+
+
+def mib(value: float) -> str:
+    return f"{value / 1024:.1f} GiB" if value >= 1024 else f"{value:.0f} MiB"
 
 
 Vector = tuple[float, float, float]

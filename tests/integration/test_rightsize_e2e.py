@@ -1,8 +1,12 @@
 """Right-sizing end to end: the real RM and agent (fake GPUs) run a learner that goes through phases
-(scripts/workloads/phased_learner.py); the agent samples it every 200 ms into its usage series."""
+(scripts/workloads/phased_learner.py); the agent samples it every 200 ms into its usage series, finds its phases,
+and `gpurm status JOB` (table and JSON) shows them with the recommended request beside the GPU use."""
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -14,7 +18,7 @@ from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rightsize.series import SERIES_FILE, parse_series
 from tests.conftest import TestBroker
 from tests.integration.harness import ROOT
-from tests.integration.rmproc import WAIT, AgentProcess, RMProcess
+from tests.integration.rmproc import WAIT, AgentProcess, RMProcess, poll
 
 LEARNER = ROOT / "scripts" / "workloads" / "phased_learner.py"
 
@@ -31,8 +35,21 @@ def test_the_agent_records_each_containers_cpu_memory_and_gpu_series(rm: RMProce
     agent = AgentProcess(tmp_path, rm, node_id, telemetry={"interval": "200ms", "container_interval": "200ms"})
     try:
         agent.start()
-        job_id = rm.submit(f"{sys.executable} {LEARNER} --scale 0.4 --epochs 1 --mem-mib 200")
+        job_id = rm.submit(f"{sys.executable} {LEARNER} --scale 0.5 --epochs 2 --mem-mib 200")
         learner = rm.learner(job_id)
+
+        def status(*args: str) -> str:
+            done = subprocess.run([sys.executable, "-m", "gpurm.cli.main", "status", job_id, *args, "--rm",
+                                   rm.address], cwd=ROOT, capture_output=True, text=True, timeout=30, check=False)
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        # While it runs: the phases so far, and the request they suggest, under the learner table.
+        out = poll(lambda: status() if "rank 0 phases: " in status() else None, WAIT,
+                   lambda: f"no phases in `gpurm status {job_id}`:\n{status()}", every=0.3)
+        line = next(x for x in out.splitlines() if "rank 0 phases: " in x)
+        assert re.search(r"\d+ phases? \(.* cores/.*\); request \d+\.\d cores, \d+", line), line
+        assert "util " in out                                 # the GPU use is still there beside it
         job = rm.wait_job(job_id, timeout=WAIT + 30)
         assert job.state == pb.JOB_SUCCEEDED, job
         series = parse_series((agent.state / "containers" / learner.container_id / SERIES_FILE).read_text())
@@ -44,6 +61,9 @@ def test_the_agent_records_each_containers_cpu_memory_and_gpu_series(rm: RMProce
         assert min(s.cpu for s in series) <= 0.2
         assert any(s.gpu is not None for s in series)        # the fake GPU's utilisation
         assert series[0].t < series[-1].t
+        # Ended: the last summary stays, in JSON too; by now it has seen loading and training apart.
+        learner_json = json.loads(status("-o", "json"))["attempts"][-1]["learners"][0]
+        assert learner_json["rightsize"].split(" ")[0] in ("2", "3", "4"), learner_json["rightsize"]
         assert agent.terminate() == 0
     finally:
         agent.close()

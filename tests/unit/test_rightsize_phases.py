@@ -117,7 +117,8 @@ def test_no_gpu_readings_still_finds_the_cpu_and_memory_phases() -> None:
     model = discover(samples)
     assert len(model.phases) == 2 and agreement(model.labels, truth) == 1.0
     assert model.phases[0].gpu_mean is None
-    assert model.summary().startswith("2 phases (1: 0.3 cores/")
+    assert model.summary().startswith("2 phases (0.3 cores/6")
+    assert model.summary().endswith("; request 4.4 cores, 2.0 GiB")
 
 
 def test_edges_and_bad_arguments() -> None:
