@@ -30,6 +30,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpurm.nodeagent.cgroups import set_memory_high
 from gpurm.nodeagent.config import AgentConfig
 from gpurm.nodeagent.containers import ContainerSupervisor
 from gpurm.nodeagent.gpus import GpuDevice, GpuProvider
@@ -43,10 +44,12 @@ from gpurm.nodeagent.health import (
     interpret_script,
 )
 from gpurm.nodeagent.procstats import CpuMeter, Reading, read_container
+from gpurm.nodeagent.records import ContainerRecord
 from gpurm.nodeagent.series import ContainerSeries, series_path
 from gpurm.nodeagent.telemetry import node_payload, summarise
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.rightsize.phases import discover
+from gpurm.rightsize.limit import RAISE_AT, ceiling_mib, phase_limit_mib
+from gpurm.rightsize.phases import PhaseModel, discover
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +99,9 @@ class AgentMonitor:
         self._phases: dict[str, str] = {}                  # phase summaries not yet sent to the RM
         self._phases_sent: dict[str, str] = {}
         self._phases_at: dict[str, tuple[int, float]] = {}  # (samples, time) when phases were last found
+        self._models: dict[str, PhaseModel] = {}           # the latest phases per container
+        self.memory_high: dict[str, float] = {}            # `rightsize: on`: the memory.high written, MiB
+        self._rightsize_warned: set[str] = set()
 
     # ------------------------------------------------------------------ wiring
 
@@ -216,8 +222,10 @@ class AgentMonitor:
     async def sample_containers(self) -> None:
         live = {r.container_id: (Path(r.cgroup) if r.cgroup else None) for r in self.supervisor.records() if r.live}
         for cid in set(self.series) - set(live):
-            for book in (self.series, self._cpu, self._phases_sent, self._phases_at):
+            for book in (self.series, self._cpu, self._phases_sent, self._phases_at, self._models,
+                         self.memory_high):
                 book.pop(cid, None)
+            self._rightsize_warned.discard(cid)
         readings = await asyncio.to_thread(self._read_containers, live)
         now = self.clock()
         for cid, reading in readings.items():
@@ -231,8 +239,13 @@ class AgentMonitor:
                 except Exception:
                     path = None
                 series = self.series[cid] = ContainerSeries(path)
-            series.add(now, cores, reading.rss_bytes / (1024 * 1024), self._gpu_util.get(cid))
+            sample = series.add(now, cores, reading.rss_bytes / (1024 * 1024), self._gpu_util.get(cid))
             self._find_phases(cid, series, now)
+            high = self.memory_high.get(cid)
+            model = self._models.get(cid)
+            if high is not None and model is not None and sample.mem_mib > RAISE_AT * high:
+                # Outgrowing its phase's limit before the phases are looked at again: the largest phase's, now.
+                self.apply_rightsize(cid, ceiling_mib(model, sample.mem_mib), "outgrew its phase")
 
     def _find_phases(self, cid: str, series: ContainerSeries, now: float) -> None:
         count = len(series.samples)
@@ -241,9 +254,49 @@ class AgentMonitor:
                 and now - last_time < PHASES_EVERY_S:
             return
         self._phases_at[cid] = (count, now)
-        text = discover(list(series.samples)).summary()
+        model = self._models[cid] = discover(list(series.samples))
+        text = model.summary()
         if text and text != self._phases_sent.get(cid):
             self._phases_sent[cid] = self._phases[cid] = text
+        rec = self.supervisor.record(cid)
+        if rec is not None and rec.rightsize and model.labels:
+            limit = phase_limit_mib(model, series.samples[-1].mem_mib)
+            if limit is not None:
+                self.apply_rightsize(cid, limit, f"phase {model.labels[-1]} of {len(model.phases)}")
+
+    def apply_rightsize(self, cid: str, limit_mib: float, why: str) -> None:
+        """`rightsize: on`: the container's memory.high to `limit_mib` (unless within 5% of what is set), where
+        cgroup v2 memory control is available; otherwise one warning per container."""
+        rec = self.supervisor.record(cid)
+        if rec is None:
+            return
+        problem = self._memory_control_problem(rec)
+        if problem:
+            if cid not in self._rightsize_warned:
+                self._rightsize_warned.add(cid)
+                log.warning("container %s (job %s): its queue has rightsize: on, but %s: its phases are reported, "
+                            "its memory is not limited", cid, rec.job_id, problem)
+            return
+        old = self.memory_high.get(cid)
+        if old is not None and abs(limit_mib - old) <= 0.05 * old:
+            return
+        try:
+            set_memory_high(Path(rec.cgroup), limit_mib)
+        except OSError as exc:
+            if cid not in self._rightsize_warned:
+                self._rightsize_warned.add(cid)
+                log.warning("container %s: cannot write memory.high: %s", cid, exc.strerror or exc)
+            return
+        self.memory_high[cid] = limit_mib
+        log.info("container %s (job %s): rightsize: memory.high %.0f MiB (%s)", cid, rec.job_id, limit_mib, why)
+
+    def _memory_control_problem(self, rec: ContainerRecord) -> str:
+        cgroups = self.supervisor.cgroups
+        if not rec.cgroup:
+            return cgroups.warning or "the container has no cgroup v2"
+        if "memory" not in cgroups.controllers:
+            return cgroups.warning or "cgroup v2 has no memory controller for gpurm"
+        return ""
 
     async def _container_loop(self) -> None:
         while True:

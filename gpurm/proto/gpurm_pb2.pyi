@@ -274,7 +274,7 @@ class ContainerStatus(_message.Message):
     def __init__(self, container_id: _Optional[str] = ..., job_id: _Optional[str] = ..., kind: _Optional[_Union[ContainerKind, str]] = ..., state: _Optional[_Union[ContainerState, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., stopped: _Optional[bool] = ..., diagnostics: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., node_id: _Optional[str] = ..., infra_failure: _Optional[bool] = ..., user_error: _Optional[bool] = ...) -> None: ...
 
 class ContainerTokenPayload(_message.Message):
-    __slots__ = ("container_id", "job_id", "node_id", "gpu_indices", "kind", "user", "expiry_ms", "attempt", "cpus", "memory_mib", "purpose")
+    __slots__ = ("container_id", "job_id", "node_id", "gpu_indices", "kind", "user", "expiry_ms", "attempt", "cpus", "memory_mib", "purpose", "rightsize")
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -286,6 +286,7 @@ class ContainerTokenPayload(_message.Message):
     CPUS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     PURPOSE_FIELD_NUMBER: _ClassVar[int]
+    RIGHTSIZE_FIELD_NUMBER: _ClassVar[int]
     container_id: str
     job_id: str
     node_id: str
@@ -297,7 +298,8 @@ class ContainerTokenPayload(_message.Message):
     cpus: int
     memory_mib: int
     purpose: TokenPurpose
-    def __init__(self, container_id: _Optional[str] = ..., job_id: _Optional[str] = ..., node_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., kind: _Optional[_Union[ContainerKind, str]] = ..., user: _Optional[str] = ..., expiry_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., purpose: _Optional[_Union[TokenPurpose, str]] = ...) -> None: ...
+    rightsize: bool
+    def __init__(self, container_id: _Optional[str] = ..., job_id: _Optional[str] = ..., node_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., kind: _Optional[_Union[ContainerKind, str]] = ..., user: _Optional[str] = ..., expiry_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., purpose: _Optional[_Union[TokenPurpose, str]] = ..., rightsize: _Optional[bool] = ...) -> None: ...
 
 class ContainerToken(_message.Message):
     __slots__ = ("payload", "signature", "key_id")

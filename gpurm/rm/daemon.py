@@ -188,7 +188,15 @@ class RMShell:
         return channel
 
     def sign(self, c: Container, expiry_s: float, purpose: pb.TokenPurpose = pb.TOKEN_CONTAINER) -> pb.ContainerToken:
-        return self.creds.sign(c, expiry_s, time.time(), purpose)
+        return self.creds.sign(c, expiry_s, time.time(), purpose, rightsize=self.rightsize_on(c))
+
+    def rightsize_on(self, c: Container) -> bool:
+        """Whether a learner's queue (as configured now) has `rightsize: on`."""
+        if c.kind is not ContainerKind.LEARNER:
+            return False
+        job = self.core.jobs.get(c.job_id)
+        q = self.core.queues.tree.by_path.get(job.queue) if job is not None else None
+        return q is not None and q.effective_rightsize
 
     # ------------------------------------------------------------ credentials
 

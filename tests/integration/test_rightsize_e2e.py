@@ -23,9 +23,14 @@ from tests.integration.rmproc import WAIT, AgentProcess, RMProcess, poll
 LEARNER = ROOT / "scripts" / "workloads" / "phased_learner.py"
 
 
+QUEUES = "queues:\n  default: {}\n  sized: {rightsize: on}\n"
+
+
 @pytest.fixture(scope="module")
 def rm(tmp_path_factory: pytest.TempPathFactory, broker: TestBroker) -> Iterator[RMProcess]:
-    proc = RMProcess(tmp_path_factory.mktemp("rightsize-rm"), broker, heartbeat="1s")
+    workdir = tmp_path_factory.mktemp("rightsize-rm")
+    (workdir / "queues.yaml").write_text(QUEUES)
+    proc = RMProcess(workdir, broker, heartbeat="1s", queues=str(workdir / "queues.yaml"))
     yield proc
     assert proc.close() == 0, proc.log_text()
 
@@ -64,6 +69,33 @@ def test_the_agent_records_each_containers_cpu_memory_and_gpu_series(rm: RMProce
         # Ended: the last summary stays, in JSON too; by now it has seen loading and training apart.
         learner_json = json.loads(status("-o", "json"))["attempts"][-1]["learners"][0]
         assert learner_json["rightsize"].split(" ")[0] in ("2", "3", "4"), learner_json["rightsize"]
+        assert "rightsize" not in agent.log_text()           # its queue is not `rightsize: on`
+        assert agent.terminate() == 0
+    finally:
+        agent.close()
+
+
+def test_a_rightsize_queue_limits_memory_per_phase_where_cgroup_v2_can(rm: RMProcess, tmp_path: Path) -> None:
+    node_id = f"rs-{uuid.uuid4().hex[:6]}"
+    agent = AgentProcess(tmp_path, rm, node_id, telemetry={"interval": "200ms", "container_interval": "200ms"})
+    try:
+        agent.start()
+        spec = pb.JobSpec(name="sized", gpus=1, queue="sized", max_retries=0, command=[
+            sys.executable, str(LEARNER), "--scale", "0.5", "--epochs", "2", "--mem-mib", "200"])
+        job_id = rm.client.SubmitJob(pb.SubmitJobRequest(spec=spec, submit_id=uuid.uuid4().hex),
+                                     metadata=rm.metadata, timeout=10).job_id
+        learner = rm.learner(job_id)
+        job = rm.wait_job(job_id, timeout=WAIT + 30)
+        assert job.state == pb.JOB_SUCCEEDED, job
+        record = json.loads((agent.state / "containers" / learner.container_id / "record.json").read_text())
+        assert record["rightsize"] is True                    # the RM signed it into the container's token
+        log = agent.log_text()
+        if record["cgroup"] and "rightsize: memory.high" in log:
+            assert f"container {learner.container_id} (job {job_id}): rightsize: memory.high" in log
+        else:   # no cgroup v2 memory control here: said once, and the job ran unlimited
+            assert log.count(f"container {learner.container_id} (job {job_id}): its queue has rightsize: on, "
+                             "but") == 1, log
+            assert "its phases are reported, its memory is not limited" in log
         assert agent.terminate() == 0
     finally:
         agent.close()
