@@ -240,21 +240,22 @@ class AgentMonitor:
                     path = None
                 series = self.series[cid] = ContainerSeries(path)
             sample = series.add(now, cores, reading.rss_bytes / (1024 * 1024), self._gpu_util.get(cid))
-            self._find_phases(cid, series, now)
+            await self._find_phases(cid, series, now)
             high = self.memory_high.get(cid)
             model = self._models.get(cid)
             if high is not None and model is not None and sample.mem_mib > RAISE_AT * high:
                 # Outgrowing its phase's limit before the phases are looked at again: the largest phase's, now.
                 self.apply_rightsize(cid, ceiling_mib(model, sample.mem_mib), "outgrew its phase")
 
-    def _find_phases(self, cid: str, series: ContainerSeries, now: float) -> None:
+    async def _find_phases(self, cid: str, series: ContainerSeries, now: float) -> None:
         count = len(series.samples)
         last_count, last_time = self._phases_at.get(cid, (0, now))
         if cid in self._phases_at and count - last_count < max(1, count // PHASES_GROWTH) \
                 and now - last_time < PHASES_EVERY_S:
             return
         self._phases_at[cid] = (count, now)
-        model = self._models[cid] = discover(list(series.samples))
+        # Up to a second for the longest, noisiest series: in a thread, so heartbeats go on meanwhile.
+        model = self._models[cid] = await asyncio.to_thread(discover, list(series.samples))
         text = model.summary()
         if text and text != self._phases_sent.get(cid):
             self._phases_sent[cid] = self._phases[cid] = text
