@@ -152,6 +152,11 @@ class DevCluster:
                 # when the dev cluster runs as root (containers.local_user's default), else whoever started it.
                 "containers": {"stop_grace": "5s"},
             }
+            for item in getattr(a, "agent_option", []):
+                key, sep, value = item.partition("=")
+                if not sep:
+                    raise CliError(f"--agent-option: expected KEY=VALUE, got {item!r}")
+                _set_dotted(cfg, key, yaml.safe_load(value))
             if self.pki is not None:
                 cfg["tls"] = self.pki.nodes[node].tls_section()
                 cfg["am_tls"] = {"cert": str(self.pki.am.cert), "key": str(self.pki.am.key)}

@@ -33,6 +33,7 @@ from gpurm.rm.jobspec import (
     spec_to_proto,
     validate_spec,
 )
+from gpurm.rm.textsafe import escape_controls
 
 STATE_NAMES = {v: k.removeprefix("JOB_") for k, v in pb.JobState.items()}
 TERMINAL = (pb.JOB_SUCCEEDED, pb.JOB_FAILED, pb.JOB_KILLED)
@@ -336,6 +337,9 @@ def render_status(job: pb.Job, now: float | None = None) -> str:
             buf = io.StringIO()
             table(["RANK", "NODE", "GPUS", "STATE", "PID", "EXIT", "PREEMPTIBLE", "GPU USE"], rows, out=buf)
             lines.extend("  " + row for row in buf.getvalue().rstrip("\n").split("\n"))
+            # Right-sizing (docs/jobs.md): the phases the agent found in each learner's CPU / memory series.
+            lines.extend(f"  rank {ln.rank} phases: {escape_controls(ln.rightsize)}"
+                         for ln in a.learners if ln.rightsize)
     return "\n".join(lines)
 
 

@@ -187,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _sub(subs, "dev-cluster", "run an RM and agents with fake GPUs on this machine (Ctrl-C stops all)",
              "  gpurm dev-cluster --nodes 4 --gpus-per-node 8 --racks 2\n"
              "  gpurm dev-cluster --state-dir /tmp/mycluster --port 7171   # then: . /tmp/mycluster/env.sh\n"
-             "  gpurm dev-cluster --tls   # mTLS with certificates made on the fly",
+             "  gpurm dev-cluster --tls   # mTLS with certificates made on the fly\n"
+             "  gpurm dev-cluster --agent-option telemetry.container_interval=1s   # usage series every second",
              common=False)
     p.add_argument("--nodes", type=int, default=4, help="agents to start (default 4)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="fake GPUs per agent (default 8)")
@@ -201,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queues", help="queues YAML for the RM (default: one `default` queue)")
     p.add_argument("--rm-option", action="append", default=[], metavar="KEY=VALUE",
                    help="extra rm.yaml setting, dotted (e.g. am.liveness_timeout=20s); repeatable")
+    p.add_argument("--agent-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra agent.yaml setting for every agent, dotted (e.g. telemetry.container_interval=1s); "
+                        "repeatable")
     p.add_argument("--tls", action="store_true",
                    help="mTLS everywhere: a CA and every certificate are made on the fly under STATE/pki")
     p.set_defaults(func=devcluster.cmd_dev_cluster)

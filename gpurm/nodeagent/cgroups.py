@@ -274,3 +274,8 @@ def _write(path: Path, value: str, container_id: str) -> None:
         if exc.errno != errno.ENOENT:
             log.warning("container %s: cannot write %s=%s: %s", container_id, path.name, value,
                         exc.strerror or exc)
+
+
+def set_memory_high(path: Path, mib: float | None) -> None:
+    """Write the container's memory.high (None: "max", no throttling); raises OSError when it cannot."""
+    (path / "memory.high").write_text("max" if mib is None else str(int(mib * MIB)))

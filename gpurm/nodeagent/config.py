@@ -74,6 +74,7 @@ class HealthConfig:
 @dataclass(frozen=True)
 class TelemetryConfig:
     interval_s: float = 5.0           # 0 = no telemetry
+    container_interval_s: float = 15.0  # per-container CPU / memory / GPU series (nodeagent/series.py); 0 = off
 
 
 @dataclass(frozen=True)
@@ -314,11 +315,15 @@ def _health(h: Reader) -> HealthConfig:
 
 def _telemetry(t: Reader) -> TelemetryConfig:
     interval = t.duration("interval", 5.0)
+    container_interval = t.duration("container_interval", 15.0, maximum=86400.0)
     t.reject_unknown()
     if interval < 0:
         t.error("interval", "must be 0 (off) or more")
         interval = 5.0
-    return TelemetryConfig(interval_s=interval)
+    if container_interval < 0 or 0 < container_interval < 0.05:
+        t.error("container_interval", "must be 0 (off) or at least 0.05s")
+        container_interval = 15.0
+    return TelemetryConfig(interval_s=interval, container_interval_s=container_interval)
 
 
 def _containers(c: Reader, euid: int) -> ContainerConfig:

@@ -275,7 +275,8 @@ class ContainerSupervisor:
 
     async def start(self, container_id: str, job_id: str, kind: pb.ContainerKind, argv: Sequence[str],
                     env: Mapping[str, str], workdir: str, gpu_indices: Sequence[int], attempt: int = 0,
-                    user: str = "", *, cpus: int = 0, memory_mib: int = 0) -> ContainerRecord:
+                    user: str = "", *, cpus: int = 0, memory_mib: int = 0,
+                    rightsize: bool = False) -> ContainerRecord:
         """Launch a container, or return the existing record when this id is already known (idempotent).
 
         Raises GpuBusyError when a GPU is held by another live container, ContainerExistsError when the id
@@ -303,6 +304,7 @@ class ContainerSupervisor:
                 container_id=container_id, job_id=job_id, kind=kind, state=pb.CONTAINER_STARTING,
                 gpu_indices=list(gpu_indices), node_id=self.node_id, attempt=attempt, user=user,
                 argv=full_argv, workdir=workdir, start_ms=self._clock_ms(), cpus=cpus, memory_mib=memory_mib,
+                rightsize=rightsize,
             )
             self._records[container_id] = rec
             self._ended[container_id] = asyncio.Event()

@@ -10,6 +10,12 @@
 - Telemetry, every `telemetry.interval`: the node's reading (JSON) goes in the next heartbeat
   (`NodeHeartbeat.telemetry`; the RM republishes it retained on `gpurm/telemetry/<node_id>`: agents publish
   nothing on the broker) and is summarised per container (`ContainerUsage`).
+- Container usage, every `telemetry.container_interval` (15 s): each live container's CPU cores, resident memory
+  (`procstats.py`: its cgroup's counters, else summed over its processes) and GPU utilisation (the latest GPU
+  telemetry) are appended to its bounded series (`series.py`, `<container dir>/usage.jsonl`). Its phases
+  (`gpurm/rightsize/phases.py`) are found again from the agent's own copy once a minute, or sooner while the series
+  is young, and a changed one-line summary (phases, recommended request) rides the next heartbeat
+  (`ContainerUsage.rightsize`) to `gpurm status JOB`.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpurm.nodeagent.cgroups import set_memory_high
 from gpurm.nodeagent.config import AgentConfig
 from gpurm.nodeagent.containers import ContainerSupervisor
 from gpurm.nodeagent.gpus import GpuDevice, GpuProvider
@@ -36,12 +43,19 @@ from gpurm.nodeagent.health import (
     describe_xid,
     interpret_script,
 )
+from gpurm.nodeagent.procstats import CpuMeter, Reading, read_container
+from gpurm.nodeagent.records import ContainerRecord
+from gpurm.nodeagent.series import ContainerSeries, series_path
 from gpurm.nodeagent.telemetry import node_payload, summarise
 from gpurm.proto import gpurm_pb2 as pb
+from gpurm.rightsize.limit import RAISE_AT, ceiling_mib, phase_limit_mib
+from gpurm.rightsize.phases import PhaseModel, discover
 
 log = logging.getLogger(__name__)
 
 MAX_SCRIPT_OUTPUT = 64 * 1024
+PHASES_EVERY_S = 60.0          # phases are found again at least this often ...
+PHASES_GROWTH = 20             # ... or when the series grew by 1/20 since the last time (young series: often)
 
 
 async def run_health_script(script: Path, timeout_s: float) -> ScriptResult:
@@ -79,6 +93,15 @@ class AgentMonitor:
         self._registered: dict[int, tuple[bool, str]] = {}  # GPU health as the last registration carried it
         self._telemetry = b""                              # the latest reading not yet sent to the RM
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.series: dict[str, ContainerSeries] = {}       # live containers' usage series
+        self._cpu: dict[str, CpuMeter] = {}
+        self._gpu_util: dict[str, float | None] = {}       # latest GPU utilisation per container
+        self._phases: dict[str, str] = {}                  # phase summaries not yet sent to the RM
+        self._phases_sent: dict[str, str] = {}
+        self._phases_at: dict[str, tuple[int, float]] = {}  # (samples, time) when phases were last found
+        self._models: dict[str, PhaseModel] = {}           # the latest phases per container
+        self.memory_high: dict[str, float] = {}            # `rightsize: on`: the memory.high written, MiB
+        self._rightsize_warned: set[str] = set()
 
     # ------------------------------------------------------------------ wiring
 
@@ -97,7 +120,10 @@ class AgentMonitor:
                 msg.gpu_health.append(pb.GpuInfo(index=g.index, uuid=g.uuid, healthy=g.healthy,
                                                  health_reason=g.health_reason))
         usage, self._usage = self._usage, {}
-        msg.usage.extend(pb.ContainerUsage(container_id=cid, summary=text) for cid, text in usage.items())
+        phases, self._phases = self._phases, {}
+        msg.usage.extend(pb.ContainerUsage(container_id=cid, summary=usage.get(cid, ""),
+                                           rightsize=phases.get(cid, ""))
+                         for cid in sorted(usage.keys() | phases.keys()))
         msg.telemetry, self._telemetry = self._telemetry, b""
 
     # ------------------------------------------------------------------ GPU health
@@ -174,6 +200,7 @@ class AgentMonitor:
         containers = {r.container_id: list(r.gpu_indices) for r in self.supervisor.records()
                       if r.live and r.gpu_indices}
         summaries = summarise(samples, containers)
+        self._gpu_util = {cid: s.util_avg_pct for cid, s in summaries.items()}
         self._usage.update({cid: s.text() for cid, s in summaries.items()})
         self._telemetry = node_payload(self.cfg.node_id, int(time.time() * 1000), self.gpus, samples, holders,
                                        summaries)
@@ -186,6 +213,100 @@ class AgentMonitor:
                 log.exception("GPU telemetry failed")
             await asyncio.sleep(self.cfg.telemetry.interval_s)
 
+    # ------------------------------------------------------------------ container usage series
+
+    def _read_containers(self, wanted: dict[str, Path | None]) -> dict[str, Reading]:
+        """Blocking (/proc scans): run in a thread."""
+        return {cid: read_container(self.supervisor.processes(cid), cgroup) for cid, cgroup in wanted.items()}
+
+    async def sample_containers(self) -> None:
+        live = {r.container_id: (Path(r.cgroup) if r.cgroup else None) for r in self.supervisor.records() if r.live}
+        for cid in set(self.series) - set(live):
+            for book in (self.series, self._cpu, self._phases_sent, self._phases_at, self._models,
+                         self.memory_high):
+                book.pop(cid, None)
+            self._rightsize_warned.discard(cid)
+        readings = await asyncio.to_thread(self._read_containers, live)
+        now = self.clock()
+        for cid, reading in readings.items():
+            cores = self._cpu.setdefault(cid, CpuMeter()).update(now, reading.cpu_s)
+            if cores is None:
+                continue   # the first reading only starts the CPU meter
+            series = self.series.get(cid)
+            if series is None:
+                try:
+                    path: Path | None = series_path(self.supervisor.container_dir(cid))
+                except Exception:
+                    path = None
+                series = self.series[cid] = ContainerSeries(path)
+            sample = series.add(now, cores, reading.rss_bytes / (1024 * 1024), self._gpu_util.get(cid))
+            await self._find_phases(cid, series, now)
+            high = self.memory_high.get(cid)
+            model = self._models.get(cid)
+            if high is not None and model is not None and sample.mem_mib > RAISE_AT * high:
+                # Outgrowing its phase's limit before the phases are looked at again: the largest phase's, now.
+                self.apply_rightsize(cid, ceiling_mib(model, sample.mem_mib), "outgrew its phase")
+
+    async def _find_phases(self, cid: str, series: ContainerSeries, now: float) -> None:
+        count = len(series.samples)
+        last_count, last_time = self._phases_at.get(cid, (0, now))
+        if cid in self._phases_at and count - last_count < max(1, count // PHASES_GROWTH) \
+                and now - last_time < PHASES_EVERY_S:
+            return
+        self._phases_at[cid] = (count, now)
+        # Up to a second for the longest, noisiest series: in a thread, so heartbeats go on meanwhile.
+        model = self._models[cid] = await asyncio.to_thread(discover, list(series.samples))
+        text = model.summary()
+        if text and text != self._phases_sent.get(cid):
+            self._phases_sent[cid] = self._phases[cid] = text
+        rec = self.supervisor.record(cid)
+        if rec is not None and rec.rightsize and model.labels:
+            limit = phase_limit_mib(model, series.samples[-1].mem_mib)
+            if limit is not None:
+                self.apply_rightsize(cid, limit, f"phase {model.labels[-1]} of {len(model.phases)}")
+
+    def apply_rightsize(self, cid: str, limit_mib: float, why: str) -> None:
+        """`rightsize: on`: the container's memory.high to `limit_mib` (unless within 5% of what is set), where
+        cgroup v2 memory control is available; otherwise one warning per container."""
+        rec = self.supervisor.record(cid)
+        if rec is None:
+            return
+        problem = self._memory_control_problem(rec)
+        if problem:
+            if cid not in self._rightsize_warned:
+                self._rightsize_warned.add(cid)
+                log.warning("container %s (job %s): its queue has rightsize: on, but %s: its phases are reported, "
+                            "its memory is not limited", cid, rec.job_id, problem)
+            return
+        old = self.memory_high.get(cid)
+        if old is not None and abs(limit_mib - old) <= 0.05 * old:
+            return
+        try:
+            set_memory_high(Path(rec.cgroup), limit_mib)
+        except OSError as exc:
+            if cid not in self._rightsize_warned:
+                self._rightsize_warned.add(cid)
+                log.warning("container %s: cannot write memory.high: %s", cid, exc.strerror or exc)
+            return
+        self.memory_high[cid] = limit_mib
+        log.info("container %s (job %s): rightsize: memory.high %.0f MiB (%s)", cid, rec.job_id, limit_mib, why)
+
+    def _memory_control_problem(self, rec: ContainerRecord) -> str:
+        cgroups = self.supervisor.cgroups
+        if not rec.cgroup:
+            return cgroups.warning or "the container has no cgroup v2"
+        if "memory" not in cgroups.controllers:
+            return cgroups.warning or "cgroup v2 has no memory controller for gpurm"
+        return ""
+
+    async def _container_loop(self) -> None:
+        while True:
+            try:
+                await self.sample_containers()
+            except Exception:
+                log.exception("container usage sampling failed")
+            await asyncio.sleep(self.cfg.telemetry.container_interval_s)
+
     # ------------------------------------------------------------------ run
 
     async def run(self) -> None:
@@ -195,6 +316,8 @@ class AgentMonitor:
             loops.append(self._script_loop(self.cfg.health.script))
         if self.cfg.telemetry.interval_s > 0:
             loops.append(self._telemetry_loop())
+        if self.cfg.telemetry.container_interval_s > 0:
+            loops.append(self._container_loop())
         await asyncio.gather(*loops)
 
     async def close(self) -> None:

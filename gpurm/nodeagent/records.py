@@ -59,6 +59,7 @@ class ContainerRecord:
     shim_pid: int = 0             # the launcher (gpurm.nodeagent.shim): session and group leader = pgid
     shim_start: int = 0           # its start time (/proc/<pid>/stat), so a reused pid is never adopted
     cgroup: str = ""              # the container's cgroup v2 directory, "" without one
+    rightsize: bool = False       # its queue has `rightsize: on`: memory.high follows its phases (monitor.py)
     version: int = 0              # bumped on every change; the heartbeat's pending set compares it
     reported: bool = False        # its end reached an RM (acknowledged): a restarted agent need not report it
 

@@ -276,7 +276,7 @@ class ContainerStatus(_message.Message):
     def __init__(self, container_id: _Optional[str] = ..., job_id: _Optional[str] = ..., kind: _Optional[_Union[ContainerKind, str]] = ..., state: _Optional[_Union[ContainerState, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., stopped: _Optional[bool] = ..., diagnostics: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., node_id: _Optional[str] = ..., infra_failure: _Optional[bool] = ..., user_error: _Optional[bool] = ...) -> None: ...
 
 class ContainerTokenPayload(_message.Message):
-    __slots__ = ("container_id", "job_id", "node_id", "gpu_indices", "kind", "user", "expiry_ms", "attempt", "cpus", "memory_mib", "purpose")
+    __slots__ = ("container_id", "job_id", "node_id", "gpu_indices", "kind", "user", "expiry_ms", "attempt", "cpus", "memory_mib", "purpose", "rightsize")
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -288,6 +288,7 @@ class ContainerTokenPayload(_message.Message):
     CPUS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     PURPOSE_FIELD_NUMBER: _ClassVar[int]
+    RIGHTSIZE_FIELD_NUMBER: _ClassVar[int]
     container_id: str
     job_id: str
     node_id: str
@@ -299,7 +300,8 @@ class ContainerTokenPayload(_message.Message):
     cpus: int
     memory_mib: int
     purpose: TokenPurpose
-    def __init__(self, container_id: _Optional[str] = ..., job_id: _Optional[str] = ..., node_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., kind: _Optional[_Union[ContainerKind, str]] = ..., user: _Optional[str] = ..., expiry_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., purpose: _Optional[_Union[TokenPurpose, str]] = ...) -> None: ...
+    rightsize: bool
+    def __init__(self, container_id: _Optional[str] = ..., job_id: _Optional[str] = ..., node_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., kind: _Optional[_Union[ContainerKind, str]] = ..., user: _Optional[str] = ..., expiry_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., purpose: _Optional[_Union[TokenPurpose, str]] = ..., rightsize: _Optional[bool] = ...) -> None: ...
 
 class ContainerToken(_message.Message):
     __slots__ = ("payload", "signature", "key_id")
@@ -374,7 +376,7 @@ class JobSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., queue: _Optional[str] = ..., gpus: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., max_retries: _Optional[int] = ..., locality: _Optional[_Union[LocalitySpec, _Mapping]] = ..., placement: _Optional[str] = ..., max_gpus: _Optional[int] = ...) -> None: ...
 
 class Learner(_message.Message):
-    __slots__ = ("rank", "node_id", "host", "gpu_indices", "container_id", "state", "exit_code", "signal", "pid", "preemptible", "usage")
+    __slots__ = ("rank", "node_id", "host", "gpu_indices", "container_id", "state", "exit_code", "signal", "pid", "preemptible", "usage", "rightsize")
     RANK_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -386,6 +388,7 @@ class Learner(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIBLE_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    RIGHTSIZE_FIELD_NUMBER: _ClassVar[int]
     rank: int
     node_id: str
     host: str
@@ -397,7 +400,8 @@ class Learner(_message.Message):
     pid: int
     preemptible: bool
     usage: str
-    def __init__(self, rank: _Optional[int] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., container_id: _Optional[str] = ..., state: _Optional[_Union[ContainerState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., pid: _Optional[int] = ..., preemptible: _Optional[bool] = ..., usage: _Optional[str] = ...) -> None: ...
+    rightsize: str
+    def __init__(self, rank: _Optional[int] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., container_id: _Optional[str] = ..., state: _Optional[_Union[ContainerState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., pid: _Optional[int] = ..., preemptible: _Optional[bool] = ..., usage: _Optional[str] = ..., rightsize: _Optional[str] = ...) -> None: ...
 
 class Attempt(_message.Message):
     __slots__ = ("attempt", "state", "start_ms", "end_ms", "learners", "failure", "cause", "exit_code", "counts_as_failure", "level", "am_attempt")
@@ -550,12 +554,14 @@ class NodeHeartbeat(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., seq: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., gpu_health: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., healthy: _Optional[bool] = ..., health_report: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[ContainerUsage, _Mapping]]] = ..., telemetry: _Optional[bytes] = ...) -> None: ...
 
 class ContainerUsage(_message.Message):
-    __slots__ = ("container_id", "summary")
+    __slots__ = ("container_id", "summary", "rightsize")
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    RIGHTSIZE_FIELD_NUMBER: _ClassVar[int]
     container_id: str
     summary: str
-    def __init__(self, container_id: _Optional[str] = ..., summary: _Optional[str] = ...) -> None: ...
+    rightsize: str
+    def __init__(self, container_id: _Optional[str] = ..., summary: _Optional[str] = ..., rightsize: _Optional[str] = ...) -> None: ...
 
 class StopOrder(_message.Message):
     __slots__ = ("container_id", "grace_ms", "reason")

@@ -22,7 +22,7 @@ MAX_COUNT = 1_000_000            # GPUs or jobs: far above any cluster, and with
 MAX_WEIGHT = 1e6
 MAX_TIMEOUT_S = 365 * 86400.0
 _QUEUE_KEYS = ("weight", "min_gpus", "max_gpus", "max_running_jobs", "max_gpus_per_user", "acl", "preemptible",
-               "policy", "queues", "min_share_preemption_timeout", "fair_share_preemption_timeout",
+               "policy", "rightsize", "queues", "min_share_preemption_timeout", "fair_share_preemption_timeout",
                "fair_share_preemption_threshold", "preemption_grace")
 
 
@@ -174,6 +174,8 @@ def _queue(name: str, path: str, data: Any, p: Problems, inherited: PreemptionSe
     q.submit_acl, q.admin_acl = _acl(r)
     if r.has("preemptible"):
         q.preemptible = r.flag("preemptible", True)
+    if r.has("rightsize"):
+        q.rightsize = r.flag("rightsize", False)
     if r.has("policy"):
         text = r.text("policy", "fifo")
         try:

@@ -39,6 +39,7 @@ class QueueDef:
     admin_acl: list[str] | None = None
     preemptible: bool | None = None             # None = inherit (root: true)
     policy: Policy | None = None                # None = inherit (root: fifo)
+    rightsize: bool | None = None               # None = inherit (root: off); docs/queues.md, "Right-sizing"
     preemption: PreemptionSettings = field(default_factory=PreemptionSettings)
     children: list[QueueDef] = field(default_factory=list)
     parent: QueueDef | None = field(default=None, repr=False, compare=False)
@@ -76,6 +77,11 @@ class QueueDef:
         if self._preemptible is None:
             self._preemptible = all(q.preemptible is not False for q in self.ancestry())
         return self._preemptible
+
+    @property
+    def effective_rightsize(self) -> bool:
+        """Whether agents limit this queue's learners' memory per detected phase: the nearest setting on the path."""
+        return next((q.rightsize for q in self.ancestry() if q.rightsize is not None), False)
 
     @property
     def effective_policy(self) -> Policy:

@@ -29,13 +29,14 @@ class Credentials:
         return key
 
     def sign(self, c: Container, expiry_s: float, now: float,
-             purpose: pb.TokenPurpose = pb.TOKEN_CONTAINER) -> pb.ContainerToken:
-        """A token for `c`, signed with its node's key: good on that node alone, for one purpose, `expiry_s`."""
+             purpose: pb.TokenPurpose = pb.TOKEN_CONTAINER, *, rightsize: bool = False) -> pb.ContainerToken:
+        """A token for `c`, signed with its node's key: good on that node alone, for one purpose, `expiry_s`.
+        `rightsize`: the agent limits the container's memory per detected phase (its queue's `rightsize: on`)."""
         expiry = now + expiry_s
         payload = pb.ContainerTokenPayload(
             container_id=c.container_id, job_id=c.job_id, node_id=c.node_id, gpu_indices=c.gpu_indices,
             kind=pb.CONTAINER_AM if c.kind is ContainerKind.AM else pb.CONTAINER_LEARNER, user=c.user,
-            expiry_ms=round(expiry * 1000), attempt=c.attempt, purpose=purpose)
+            expiry_ms=round(expiry * 1000), attempt=c.attempt, purpose=purpose, rightsize=rightsize)
         if purpose == pb.TOKEN_CONTAINER:
             self._signed[c.container_id] = expiry
         return sign_container(payload, self.node_key(c.node_id))

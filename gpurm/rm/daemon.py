@@ -58,6 +58,7 @@ AGENT_CALL_TIMEOUT_S = 10.0
 
 
 READ_LOG_TOKEN_S = 60.0
+MAX_RIGHTSIZE_TEXT = 300   # characters of a container's phase summary kept (ContainerUsage.rightsize)
 INSECURE_WARNING = ("INSECURE MODE: no mTLS (no tls: section in rm.yaml). Identity is whatever a client claims; "
                     "agents run every job as their one local user; admin requests are taken only from this host. "
                     "Do not run a shared cluster like this: docs/security.md says how to set up mTLS.")
@@ -99,6 +100,7 @@ class RMShell:
         self.broker: EmbeddedBroker | None = None
         self.streams: dict[str, asyncio.Queue[pb.HeartbeatResponse | None]] = {}
         self.usage: dict[str, str] = {}
+        self.rightsize: dict[str, str] = {}   # phases and recommended request per container (ContainerUsage)
         self.started = time.time()
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -186,7 +188,15 @@ class RMShell:
         return channel
 
     def sign(self, c: Container, expiry_s: float, purpose: pb.TokenPurpose = pb.TOKEN_CONTAINER) -> pb.ContainerToken:
-        return self.creds.sign(c, expiry_s, time.time(), purpose)
+        return self.creds.sign(c, expiry_s, time.time(), purpose, rightsize=self.rightsize_on(c))
+
+    def rightsize_on(self, c: Container) -> bool:
+        """Whether a learner's queue (as configured now) has `rightsize: on`."""
+        if c.kind is not ContainerKind.LEARNER:
+            return False
+        job = self.core.jobs.get(c.job_id)
+        q = self.core.queues.tree.by_path.get(job.queue) if job is not None else None
+        return q is not None and q.effective_rightsize
 
     # ------------------------------------------------------------ credentials
 
@@ -327,7 +337,7 @@ class RMShell:
     def job_pb(self, job: Job, full: bool = True, preemptible_jobs: set[str] | None = None,
                private: bool = True) -> pb.Job:
         return pbviews.job(self.core, job, self.usage, full=full, preemptible_jobs=preemptible_jobs,
-                           private=private)
+                           private=private, rightsize=self.rightsize)
 
     def grant_pb(self, container_id: str) -> pb.ContainerGrant:
         c = self.core.containers[container_id]
@@ -339,7 +349,10 @@ class RMShell:
 
     def record_usage(self, beat: pb.NodeHeartbeat) -> None:
         for u in beat.usage:
-            self.usage[u.container_id] = u.summary[:200]
+            if u.summary:
+                self.usage[u.container_id] = u.summary[:200]
+            if u.rightsize:
+                self.rightsize[u.container_id] = u.rightsize[:MAX_RIGHTSIZE_TEXT]
 
     def cluster_info(self, who: Caller | None = None) -> pb.ClusterInfo:
         cluster = self.core.cluster

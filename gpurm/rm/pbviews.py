@@ -20,9 +20,11 @@ def cluster_view(core: RMCore, epoch: int, now: float) -> pb.ClusterView:
 
 
 def job(core: RMCore, record: Job, usage: Mapping[str, str], *, full: bool = True,
-        preemptible_jobs: set[str] | None = None, private: bool = True) -> pb.Job:
+        preemptible_jobs: set[str] | None = None, private: bool = True,
+        rightsize: Mapping[str, str] | None = None) -> pb.Job:
     """`private`: whether the asker may see env values (else each shows as HIDDEN). `full`: every attempt's
-    learners (else only the last attempt's). `usage`: the latest usage summary by container id."""
+    learners (else only the last attempt's). `usage`: the latest usage summary by container id; `rightsize`: the
+    latest phase summary by container id."""
     live = core.job_containers(record.job_id)
     if preemptible_jobs is None and not record.state.terminal:
         preemptible_jobs = core.preemptible_jobs()
@@ -37,6 +39,8 @@ def job(core: RMCore, record: Job, usage: Mapping[str, str], *, full: bool = Tru
         for attempt in msg.attempts:
             for learner in attempt.learners:
                 learner.usage = usage.get(learner.container_id, learner.usage)
+                if rightsize:
+                    learner.rightsize = rightsize.get(learner.container_id, "")
                 if attempt is msg.attempts[-1] and not record.state.terminal:
                     learner.preemptible = preemptible
     else:

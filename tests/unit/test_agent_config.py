@@ -142,6 +142,18 @@ def test_health_and_telemetry_config(tmp_path: Path) -> None:
         load_agent_config(None, {"gpus": {"fake": 4, "fail_gpus": [4]}}, environ={})
 
 
+def test_container_series_interval(tmp_path: Path) -> None:
+    assert load_agent_config(None, FAKE2, environ={}).telemetry.container_interval_s == 15.0
+    cfg = load_agent_config(None, {**FAKE2, "telemetry": {"container_interval": "200ms"}}, environ={})
+    assert cfg.telemetry.container_interval_s == 0.2
+    assert load_agent_config(None, {**FAKE2, "telemetry": {"container_interval": 0}},
+                             environ={}).telemetry.container_interval_s == 0
+    for bad, why in (("-1s", "expected a duration"), ("1ms", r"must be 0 \(off\) or at least 0.05s"),
+                     ("2d", "must be at most")):
+        with pytest.raises(ConfigError, match=f"telemetry.container_interval: .*{why}"):
+            load_agent_config(None, {**FAKE2, "telemetry": {"container_interval": bad}}, environ={})
+
+
 def test_bad_yaml_and_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_agent_config(write(tmp_path, "gpus: [fake\n"), {}, environ={})

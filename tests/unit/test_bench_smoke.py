@@ -36,3 +36,11 @@ def test_tiresias_workload_runs() -> None:
     out = run("tiresias_workload.py", "--jobs", "60", "--loads", "1.5", "--seeds", "0", "--policy", "fifo",
               "--policy", "las")
     assert "load 1.5, seed 0: 60 jobs on 1x15x4" in out and "floor" in out and "1,510s" in out
+
+
+def test_rightsize_evaluates_the_recorded_fixture_offline() -> None:
+    fixtures = sorted(str(p) for p in (ROOT / "tests" / "data" / "rightsize").glob("*.jsonl"))
+    out = run("rightsize.py", "--series", *fixtures)
+    assert f"{len(fixtures)} recorded series" in out
+    for policy in ("peak", "adaptive", "phase", "request"):
+        assert f"\n{policy} " in out

@@ -34,6 +34,13 @@ def test_a_container_token_is_good_on_its_node_alone_and_until_its_expiry() -> N
         verify_container(token, KEYS.node_key("n1"), node_id="n1", now_ms=round((NOW + 601) * 1000))
 
 
+def test_a_container_token_says_whether_its_memory_follows_its_phases() -> None:
+    creds = Credentials(KEYS)
+    for flag in (False, True):
+        token = creds.sign(learner(), 600, NOW, rightsize=flag)
+        assert verify_container(token, KEYS.node_key("n1"), node_id="n1", now_ms=round(NOW * 1000)).rightsize is flag
+
+
 def test_renewal_is_due_by_the_last_container_token_and_read_log_tokens_do_not_count() -> None:
     creds = Credentials(KEYS)
     assert creds.due_for_renewal("j1-c1", NOW)                  # never signed

@@ -30,6 +30,15 @@ def test_the_shipped_example_is_valid_and_inherits() -> None:
     assert nlp.preemption.grace_s == 15 and nlp.preemption.fair_share_threshold == 0.5
 
 
+def test_rightsize_is_off_by_default_inherited_downward_and_a_flag() -> None:
+    tree = parse_queues("queues:\n  a: {}\n  b:\n    rightsize: on\n    queues:\n      c: {}\n"
+                        "      d: {rightsize: off}\n")
+    flags = {name: q.effective_rightsize for name in ("a", "b", "b.c", "b.d") if (q := tree.find(name))}
+    assert flags == {"a": False, "b": True, "b.c": True, "b.d": False}
+    assert problems("queues:\n  a: {rightsize: sometimes}\n") == [
+        "q.yaml: root.a.rightsize: must be true or false, got 'sometimes'"]
+
+
 def test_defaults_when_nothing_is_set() -> None:
     tree = parse_queues("queues:\n  a: {}\n  b:\n    queues:\n      c: {}\n")
     c = tree.find("b.c")
