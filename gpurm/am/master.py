@@ -204,10 +204,10 @@ class Master:
         """An elastic job's asks to grow toward its target (sent as elastic asks): only while it runs."""
         if not self.spec.elastic or self.phase is not Phase.RUNNING or now < self.growth_paused_until:
             return []
+        if not self._gang_runs():
+            return []                   # a learner of its gang has ended: the job is finishing, not growing
         live = self._live_runs()
         gang = [r for r in live if not r.extra]
-        if not gang:
-            return []
         master = min(gang, key=lambda r: r.rank).held.node_id
         level = LocalityLevel.parse(self.attempt.level) if self.attempt.level else self.level
         if self.spec.locality.mode is LocalityMode.ANY:
@@ -330,7 +330,7 @@ class Master:
             return
         if self.phase is Phase.ACQUIRING and self._wanted(held):
             self.held[held.container_id] = held
-        elif self.phase is Phase.RUNNING and self.spec.elastic and \
+        elif self.phase is Phase.RUNNING and self.spec.elastic and self._gang_runs() and \
                 sum(r.held.gpus for r in self._live_runs()) + held.gpus <= self.target:
             self._launch_extra(held)
         else:
@@ -712,6 +712,11 @@ class Master:
         self.attempt.level = self._label() if self.spread else self.plan.level.label
         self.attempt.waiting_reason = "starting its learners"
         self._sync_learners()
+
+    def _gang_runs(self) -> bool:
+        """Whether every learner of the gang still runs (growth joins a running job, never a finishing one)."""
+        gang = [r for r in self.runs.values() if not r.extra]
+        return bool(gang) and all(r.live for r in gang)
 
     def _elastic_env(self, master: Held, gang_nodes: int, is_host: bool, gpus: int) -> dict[str, str]:
         """What an elastic job's learners need for torchrun's elastic rendezvous (c10d), also as torchrun's own

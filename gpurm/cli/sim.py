@@ -55,6 +55,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "locality saves, the job's and its neighbours'; the trace's duration as the run time), "
                         "never (every job strict), "
                         "immediate (every job locality any)")
+    p.add_argument("--elastic-share", type=float, default=0.0, metavar="F",
+                   help="placement model: make this share of the jobs (0-1, drawn from the seed and job id) elastic, "
+                        "growing on idle GPUs up to --elastic-max times their size and shrinking when others wait "
+                        "(docs/sim.md); default 0")
+    p.add_argument("--elastic-max", type=float, default=2.0, metavar="K",
+                   help="with --elastic-share: an elastic job grows up to K times its GPUs (default 2)")
     p.add_argument("--out", required=True, metavar="DIR", help="where summary.json, jobs.csv and the plots go")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots (faster)")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table",
@@ -74,7 +80,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
                      failures_per_1000_gpu_h=args.failures, seed=args.seed, plots=not args.no_plots,
                      runtime_model=RuntimeModel(args.runtime_model),
                      runtime_config=Path(args.runtime_config) if args.runtime_config else None,
-                     checkpoint_interval_s=checkpoint, restart_cost_s=restart, relax=RelaxPolicy(args.relax))
+                     checkpoint_interval_s=checkpoint, restart_cost_s=restart, relax=RelaxPolicy(args.relax),
+                     elastic_share=args.elastic_share, elastic_max=args.elastic_max)
     progress = _Progress()
     try:
         outcome = run(req, progress)

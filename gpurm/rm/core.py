@@ -752,12 +752,15 @@ class RMCore:
             for taken in self.elastic.to_take_back(waiting, rack_of):
                 self._take_back(taken.container, taken.for_job, now)
             return []
+        if any(self.reclaims.reserved(now).values()):
+            return []                    # GPUs preemption freed for a queue are that queue's, not growth's
         grants: list[Grant] = []
         for g in self.elastic.growers():
             job = self.jobs.get(g.job_id)
             app = self.apps.get(g.job_id)
             leaf = self.queues.tree.by_path.get(g.queue)
-            if job is None or app is None or not app.registered or leaf is None or job.state is not JobState.RUNNING:
+            if job is None or app is None or not app.registered or leaf is None or job.state is not JobState.RUNNING \
+                    or not self.elastic.may_grow(g.job_id, now):
                 continue
             for ask in g.asks:
                 while ask.count > 0 and not self.queues.over_cap(leaf, g.user, ask.gpus):
@@ -795,6 +798,7 @@ class RMCore:
         grace = leaf.preemption.grace_s if leaf is not None else self.settings.kill_grace_s
         reason = f"elastic GPUs taken back for {for_job}, which waits for them"
         self._order_stop(c, grace, reason)
+        self.elastic.shrunk_at[c.job_id] = now
         app = self.apps.get(c.job_id)
         if app is not None:
             app.preempt_ids = [*app.preempt_ids, c.container_id]

@@ -40,6 +40,11 @@ class Taken:
     for_job: str
 
 
+# A job whose growth was taken back does not grow again for this long: GPUs freed for a waiting job, or by
+# preemption for a queue, must not go straight back to growth (a carousel of resizes).
+REGROW_HOLD_S = 60.0
+
+
 class ElasticBook:
     """Outstanding growth asks, and the live elastic containers per node (oldest first)."""
 
@@ -47,6 +52,7 @@ class ElasticBook:
         self.cluster = cluster
         self.growth: dict[str, Growth] = {}
         self.on_node: dict[str, dict[str, Container]] = {}
+        self.shrunk_at: dict[str, float] = {}     # job id -> when growth was last taken back from it
 
     # -- upkeep
     def set_growth(self, g: Growth) -> None:
@@ -57,6 +63,10 @@ class ElasticBook:
 
     def drop_job(self, job_id: str) -> None:
         self.growth.pop(job_id, None)
+        self.shrunk_at.pop(job_id, None)
+
+    def may_grow(self, job_id: str, now: float) -> bool:
+        return now - self.shrunk_at.get(job_id, -REGROW_HOLD_S) >= REGROW_HOLD_S
 
     def added(self, c: Container) -> None:
         if c.elastic:

@@ -46,7 +46,7 @@ from gpurm.rm.scheduler import Ask
 from gpurm.rm.sortedkeys import SortedKeys
 from gpurm.sim.clusterspec import SimServer
 from gpurm.sim.metrics import JobResult, Timeline
-from gpurm.sim.runtime import RuntimeConfig, checkpointed, rate, sensitivity_of
+from gpurm.sim.runtime import RuntimeConfig, checkpointed, elastic_speedup, rate, sensitivity_of
 from gpurm.sim.trace import Trace, TraceJob
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,7 @@ class Run:
     work: float = 0.0                    # work done by this attempt
     nodes: tuple[str, ...] = ()          # its servers, when more than one (they share network links)
     racks: int = 1
+    gpus: int = 0                        # elastic jobs: the GPUs its learners hold now
     # (time, work, rate from then): every rate change, to find the work saved at the last checkpoint.
     breaks: list[tuple[float, float, float]] = field(default_factory=list)
 
@@ -193,6 +194,9 @@ class Engine:
         self._token = 0
         self._check_at: float | None = None
         self._woken_at_release = -1
+        # Running elastic jobs below their target: driven again whenever GPUs come free, to ask for growth.
+        self.growers: dict[str, None] = {}
+        self._grown_at_release = -1
         self.rng = random.Random(options.seed)
         self.n_events = 0
         self.n_settles = 0
@@ -285,7 +289,8 @@ class Engine:
 
     def arrive(self, tj: TraceJob, now: float) -> None:
         spec = JobSpec(gpus=tj.gpus, command=["sim"], name=tj.name or tj.job_id, queue=tj.queue,
-                       max_retries=self.options.max_retries, locality=self.job_locality(tj), placement=tj.placement)
+                       max_retries=self.options.max_retries, locality=self.job_locality(tj), placement=tj.placement,
+                       max_gpus=tj.max_gpus)
         try:
             # ACLs are not checked: a trace's users are not this cluster's users.
             job = self.core.submit(spec, tj.user or "sim", now, submit_id=tj.job_id, check_acl=False)
@@ -342,8 +347,11 @@ class Engine:
             for node_id in sorted(cluster.take_changed()):
                 n = cluster.nodes[node_id]
                 added = added or node_id not in self._server_views
-                sv = ServerView(node_id, n.rack, n.healthy_gpus, tuple(n.free_indices()),
-                                tuple(tuple(i) for i in n.islands), n.ib_domain)
+                elastic = self.core.elastic.reclaimable(node_id) if self.core.elastic.on_node else []
+                # GPUs held by elastic growth count as free to plan on (the RM takes them back for a waiting ask).
+                free = tuple(sorted({*n.free_indices(), *elastic})) if elastic else tuple(n.free_indices())
+                sv = ServerView(node_id, n.rack, n.healthy_gpus, free, tuple(tuple(i) for i in n.islands),
+                                n.ib_domain, tuple(elastic))
                 self._server_views[node_id] = sv
                 changed.append(sv)
             if self._view is None or added:
@@ -359,6 +367,7 @@ class Engine:
         self.n_settles += 1
         self.start_ams(now)
         for _ in range(SETTLE_LIMIT):
+            self.wake_growers()
             self.wake_planners(now)
             self.run_pass(now)
             if not self.dirty:
@@ -391,6 +400,22 @@ class Engine:
                         # next allocate reply would say; tell it so now and let it look (one drive, not two).
                         master.on_reply()
                         self.dirty[job_id] = None
+
+    def wake_growers(self) -> None:
+        """After GPUs came free, drive the running elastic jobs that want to grow (their AMs ask, the RM grants
+        only what nobody waits for)."""
+        core = self.core
+        releases = core.cluster.releases
+        if not self.growers or releases == self._grown_at_release:
+            return
+        self._grown_at_release = releases
+        free = core.cluster.free_gpus
+        if free <= 0 or any(a.registered and a.app.asks and not a.app.blocked for a in core.asking.values()):
+            return                       # nothing idle, or a job waits: the RM would grant no growth now
+        for job_id in list(self.growers)[:free]:     # the longest unserved first: woken ones go to the back
+            del self.growers[job_id]
+            self.growers[job_id] = None
+            self.dirty[job_id] = None
 
     def wake_planners(self, now: float) -> None:
         """After GPUs came free, wake idle AMs that might now fit, in the order the RM serves them (neediest queue
@@ -482,6 +507,8 @@ class Engine:
         m.on_view(self.view(), now)              # the current view, and a step
         planned = m.asks()
         asks = [Ask(gpus=g, node_id=n, preferred=idx) for n, g, idx in planned]
+        if am.trace.max_gpus:
+            asks += [Ask(gpus=g, node_id=n, preferred=idx, elastic=True) for n, g, idx in m.growth_asks(now)]
         self.track_asks(am.job_id, tuple(n for n, _, _ in planned) if not m.held else ())
         reports = [_update(a) for a in m.take_reports(None)] if m.dirty else []
         r = self.core.allocate(am.job_id, am.am_attempt, am.response_id, asks, m.take_releases(), reports, now,
@@ -504,8 +531,15 @@ class Engine:
         m.on_reply()
         self.execute(am, m.take_actions(), now)
         if m.final is not None:
+            self.growers.pop(am.job_id, None)
             self.finish(am, now)
             return
+        if am.trace.max_gpus:
+            live = sum(r.held.gpus for r in m.runs.values() if r.live)
+            if m.phase is Phase.RUNNING and live < m.target:
+                self.growers[am.job_id] = None
+            else:
+                self.growers.pop(am.job_id, None)
         if m.releases or m.dirty or m.plan_looks_taken:
             self.dirty[am.job_id] = None          # more to tell the RM, or its plan to settle
         if m.idle:
@@ -549,6 +583,16 @@ class Engine:
                                    ContainerReport(action.held.container_id, "EXITED", signal=15, stopped=True), now)
 
     def launch(self, am: SimAM, launch: Launch, now: float) -> None:
+        if all((r := am.master.runs.get(h.container_id)) is not None and r.extra for h, _, _ in launch.learners):
+            if am.run is not None and not am.run.ended and self.runtime is not None:
+                self.grow(am, launch, now)
+            else:
+                # Granted in the reply that also brought the end of its gang, which the AM had not heard yet:
+                # the learners start into an attempt that is over, and its AM stops them with the others.
+                for h, _, _ in launch.learners:
+                    self.report(h.node_id, [ContainerReport(h.container_id, "RUNNING", pid=1)], now)
+                    am.master.on_started(h.container_id, True, 1, "", False, now)
+            return
         self._token += 1
         containers = {h.container_id: h.node_id for h, _, _ in launch.learners}
         am.run = Run(self._token, now, containers)
@@ -575,6 +619,50 @@ class Engine:
                 node = self.rng.choice(sorted(set(containers.values())))
                 self.push(now + t_fail, FAIL, (am.job_id, self._token, node))
         self.dirty[am.job_id] = None
+
+    def grow(self, am: SimAM, launch: Launch, now: float) -> None:
+        """Grown learners of a running elastic job start (`placement` model): the job re-forms with them."""
+        assert am.run is not None and self.runtime is not None
+        by_node: dict[str, list[ContainerReport]] = {}
+        for h, _, _ in launch.learners:
+            by_node.setdefault(h.node_id, []).append(ContainerReport(h.container_id, "RUNNING", pid=1))
+        for node_id, reports in by_node.items():
+            self.report(node_id, reports, now)
+        for h, _, _ in launch.learners:
+            am.master.on_started(h.container_id, True, 1, "", False, now)
+        grown = {**am.run.containers, **{h.container_id: h.node_id for h, _, _ in launch.learners}}
+        self.resize(am, grown, self.runtime, now)
+        self.dirty[am.job_id] = None
+
+    def resize(self, am: SimAM, containers: dict[str, str], config: RuntimeConfig, now: float) -> None:
+        """An elastic job's learners changed. Its workers restart from a checkpoint taken at the resize (all work
+        so far is kept: torchrun's elastic restart), and after `resize_cost_s` it runs at the new size's rate: a
+        new run, as far as the FINISH events and the run-time model know."""
+        run = am.run
+        assert run is not None
+        self.accrue(am, run, now)
+        am.progress_s = min(am.trace.duration_s, am.progress_s + run.work)
+        touched: dict[str, None] = {am.job_id: None}
+        for n in run.nodes:
+            jobs = self.on_server.get(n)
+            if jobs is not None:
+                jobs.pop(am.job_id, None)
+                touched.update(jobs)
+        self._token += 1
+        new = Run(self._token, now, containers)
+        new.productive_from = now + config.resize_cost_s
+        new.accounted_at = now
+        new.gpus = sum(self.core.containers[cid].gpus for cid in containers if cid in self.core.containers)
+        nodes = tuple(sorted(set(containers.values())))
+        new.racks = len({self.rack_of[n] for n in nodes})
+        if len(nodes) > 1:
+            new.nodes = nodes
+            for n in nodes:
+                jobs = self.on_server.setdefault(n, {})
+                touched.update(jobs)
+                jobs[am.job_id] = None
+        am.run = new
+        self.retime(touched, config, now)
 
     # ------------------------------------------------------------ learners ending
 
@@ -603,6 +691,14 @@ class Engine:
             return
         job_id = c.job_id
         am = self.ams.get(job_id)
+        if c.elastic and am is not None and am.run is not None and cid in am.run.containers and not am.run.ended \
+                and not (report.state == "EXITED" and report.exit_code == 0 and not report.stopped) \
+                and self.runtime is not None:
+            # A grown learner taken back (or failed): the job re-forms without it and goes on.
+            self.resize(am, {k: v for k, v in am.run.containers.items() if k != cid}, self.runtime, now)
+            self.report(node, [report], now)
+            self.dirty[job_id] = None
+            return
         if am is not None and am.run is not None and cid in am.run.containers and not am.run.ended:
             am.run.ended = True                           # the attempt's work stops with its first learner
             if self.runtime is None:
@@ -640,6 +736,7 @@ class Engine:
         assert run is not None
         run.productive_from = now + (config.restart_cost_s if am.restart_after else 0.0)
         run.accounted_at = now
+        run.gpus = am.trace.gpus
         nodes = tuple(sorted(set(run.containers.values())))
         run.racks = len({self.rack_of[n] for n in nodes})
         touched: dict[str, None] = {am.job_id: None}
@@ -706,11 +803,13 @@ class Engine:
             run = am.run if am is not None else None
             if am is None or run is None or run.ended:
                 continue
-            gpus = am.trace.gpus
+            gpus = am.trace.gpus if not am.trace.max_gpus else run.gpus
             servers = max(len(run.nodes), 1)
             neighbours = max((len(self.on_server[n]) - 1 for n in run.nodes), default=0)
             new_rate = rate(config, am.sensitivity, servers, view.fewest_servers(gpus), run.racks,
                             fewest_of(gpus, self._rack_sizes), neighbours)
+            if am.trace.max_gpus:
+                new_rate *= elastic_speedup(config, gpus, am.trace.gpus)
             if run.breaks and new_rate == run.rate:
                 continue
             self.accrue(am, run, now)

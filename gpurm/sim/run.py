@@ -27,7 +27,7 @@ from gpurm.sim import metrics
 from gpurm.sim.clusterspec import SimServer, parse_cluster, total_gpus
 from gpurm.sim.engine import Engine, RelaxPolicy, SimOptions, SimResult
 from gpurm.sim.runtime import RuntimeConfig, RuntimeModel, load_config
-from gpurm.sim.trace import Trace, load_trace
+from gpurm.sim.trace import Trace, load_trace, make_elastic
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,8 @@ class SimRequest:
     checkpoint_interval_s: float | None = None   # these two override the config's
     restart_cost_s: float | None = None
     relax: RelaxPolicy = RelaxPolicy.TIMEOUT
+    elastic_share: float = 0.0        # the share of jobs made elastic (trace.make_elastic), placement model only
+    elastic_max: float = 2.0          # ... growing up to this many times their GPUs
 
 
 @dataclass
@@ -114,6 +116,14 @@ def load_inputs(req: SimRequest) -> tuple[Trace, list[SimServer], QueueTree]:
         raise SimInputError(f"--cluster: {req.cluster} has {total_gpus(servers)} GPUs but the trace has a job of "
                             f"{biggest}; give a bigger cluster")
     tree = config_tree(req.queues, trace) if req.queues is not None else trace_tree(trace.queues())
+    if req.elastic_share:
+        if req.runtime_model is RuntimeModel.IDEAL:
+            raise SimInputError("--elastic-share: needs --runtime-model placement (an elastic job's speed follows "
+                                "its GPUs: the scaling-efficiency curve, docs/sim.md)")
+        try:
+            trace = make_elastic(trace, req.elastic_share, req.elastic_max, req.seed)
+        except ValueError as exc:
+            raise SimInputError(str(exc)) from None
     return trace, servers, tree
 
 
@@ -180,6 +190,8 @@ def _run(req: SimRequest, progress: Progress | None) -> SimOutcome:
         "queues": str(req.queues) if req.queues else None, "policy": req.policy.value if req.policy else None,
         "window": list(req.window) if req.window else None, "failures_per_1000_gpu_h": req.failures_per_1000_gpu_h,
         "seed": req.seed, "relax": req.relax.value, "trace_rows_fixed": len(trace.fixed),
+        "elastic_share": req.elastic_share, "elastic_max": req.elastic_max,
+        "elastic_jobs": sum(1 for j in trace.jobs if j.max_gpus),
         "trace_rows_skipped": len(trace.skipped),
     }
     summary = metrics.summarize(result.results, result.timeline, capacity, load, result.wall_s,

@@ -76,6 +76,13 @@ class RuntimeConfig:
     # producing nothing.
     checkpoint_interval_s: float = 1800.0
     restart_cost_s: float = 60.0
+    # Elastic jobs (`--elastic-share`): throughput on n GPUs is n x elastic_efficiency ** log2(n / min), i.e. each
+    # doubling of GPUs beyond the job's minimum multiplies its speed by 2 x elastic_efficiency. Assumption, in the
+    # range published for data-parallel training: Optimus (EuroSys'18) and Pollux (OSDI'21) fit sub-linear curves
+    # with 80-95% efficiency per doubling at these scales. A resize (a learner joining or leaving) restarts the
+    # workers from a checkpoint taken at the resize (torchrun's elastic rendezvous): resize_cost_s produce nothing.
+    elastic_efficiency: float = 0.9
+    resize_cost_s: float = 30.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -97,6 +104,10 @@ class RuntimeConfig:
             raise ValueError(f"checkpoint_interval_s: must be positive, got {self.checkpoint_interval_s:g}")
         if self.restart_cost_s < 0:
             raise ValueError(f"restart_cost_s: must be at least 0, got {self.restart_cost_s:g}")
+        if not 0 < self.elastic_efficiency <= 1:
+            raise ValueError(f"elastic_efficiency: must be in (0, 1], got {self.elastic_efficiency:g}")
+        if self.resize_cost_s < 0:
+            raise ValueError(f"resize_cost_s: must be at least 0, got {self.resize_cost_s:g}")
 
 
 def load_config(path: Path) -> RuntimeConfig:
@@ -179,6 +190,15 @@ def rate(config: RuntimeConfig, sensitivity: float, servers: int, fewest_servers
     return spread * rack * contention
 
 
+def elastic_speedup(config: RuntimeConfig, gpus: int, base: int) -> float:
+    """How much faster an elastic job runs on `gpus` GPUs than on its minimum `base` (its trace duration's size):
+    gpus / base x elastic_efficiency ** log2(gpus / base)."""
+    if gpus <= base or base <= 0:
+        return 1.0 if gpus >= base or base <= 0 else gpus / base
+    ratio = gpus / base
+    return float(ratio * config.elastic_efficiency ** math.log2(ratio))
+
+
 def checkpointed(productive_s: float, interval_s: float) -> float:
     """The productive time (seconds of an attempt after its restart) saved at its last checkpoint."""
     if productive_s <= 0:
@@ -186,5 +206,5 @@ def checkpointed(productive_s: float, interval_s: float) -> float:
     return math.floor(productive_s / interval_s) * interval_s
 
 
-__all__ = ["MODEL_SENSITIVITY", "RuntimeConfig", "RuntimeModel", "checkpointed", "load_config", "model_sensitivity",
-           "rate", "sensitivity_of"]
+__all__ = ["MODEL_SENSITIVITY", "RuntimeConfig", "RuntimeModel", "checkpointed", "elastic_speedup", "load_config",
+           "model_sensitivity", "rate", "sensitivity_of"]

@@ -59,6 +59,7 @@ import io
 import json
 import math
 import re
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -123,6 +124,7 @@ class TraceJob:
     sensitivity: float | None = None
     locality: TraceLocality | None = None   # the job's own locality settings (jsonl only); None: the run's
     placement: Placement = Placement.PACK   # the job file's `placement` (jsonl only)
+    max_gpus: int = 0                       # elastic: grows up to this many GPUs (0: rigid; see make_elastic)
 
 
 @dataclass
@@ -194,6 +196,24 @@ def tile(trace: Trace, copies: int) -> Trace:
                                         submit_s=j.submit_s + shift, line=j.line + k * len(trace.jobs))
                     for j in trace.jobs)
     return dataclasses.replace(trace, jobs=jobs, source=f"{trace.source} x{copies}")
+
+
+def make_elastic(trace: Trace, share: float, factor: float, seed: int = 0) -> Trace:
+    """The trace with a share of its jobs made elastic (`gpurm sim --elastic-share`): each job is chosen with
+    probability `share`, drawn from the seed and its job id (the same jobs whatever else changes), and may grow
+    from its own size (the minimum, at which the trace's duration holds) to `factor` times it."""
+    if not 0 <= share <= 1:
+        raise ValueError(f"--elastic-share: must be between 0 and 1, got {share:g}")
+    if factor < 1:
+        raise ValueError(f"--elastic-max: must be at least 1 (times the job's GPUs), got {factor:g}")
+    if share == 0 or factor == 1:
+        return trace
+    jobs = []
+    for j in trace.jobs:
+        draw = zlib.crc32(f"elastic:{seed}:{j.job_id}".encode()) / 2**32
+        most = math.floor(j.gpus * factor)
+        jobs.append(dataclasses.replace(j, max_gpus=most) if draw < share and most > j.gpus else j)
+    return dataclasses.replace(trace, jobs=jobs)
 
 
 def split_window(text: str) -> tuple[str, str]:
