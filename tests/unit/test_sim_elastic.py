@@ -3,14 +3,16 @@ and takes the growth back for a waiting job; their speed follows the scaling-eff
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpurm.rm.jobspec import Locality
 from gpurm.sim.clusterspec import parse_cluster
 from gpurm.sim.engine import Engine, SimOptions
 from gpurm.sim.metrics import JobResult
-from gpurm.sim.run import trace_tree
-from gpurm.sim.runtime import RuntimeConfig, elastic_speedup
+from gpurm.sim.run import SimInputError, SimRequest, load_inputs, trace_tree
+from gpurm.sim.runtime import RuntimeConfig, RuntimeModel, elastic_speedup
 from gpurm.sim.trace import Trace, TraceJob, make_elastic
 
 # Every job indifferent to placement, resizes free and scaling linear: times can be worked out by hand.
@@ -58,3 +60,16 @@ def test_make_elastic_draws_a_share_from_the_seed_and_job_id() -> None:
     assert make_elastic(trace, 0.0, 2.0) is trace
     with pytest.raises(ValueError, match="elastic-share"):
         make_elastic(trace, 1.5, 2.0)
+
+
+def test_elastic_share_needs_the_placement_model(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"submit": 0, "gpus": 1, "duration": 10, "queue": "q"}\n')
+    req = SimRequest(trace=trace, fmt="jsonl", cluster="1x1x4", out=tmp_path / "out", elastic_share=0.5,
+                     runtime_model=RuntimeModel.IDEAL)
+    with pytest.raises(SimInputError, match="--elastic-share: needs --runtime-model placement"):
+        load_inputs(req)
+    req.runtime_model = RuntimeModel.PLACEMENT
+    req.elastic_max = 0.5
+    with pytest.raises(SimInputError, match="--elastic-max"):
+        load_inputs(req)
