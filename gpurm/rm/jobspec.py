@@ -224,8 +224,8 @@ def parse_gpus(text: str) -> tuple[int, int]:
         low = int(lo)
         high = int(hi) if sep else 0
     except ValueError:
-        raise ValueError(f"must be a count like 4, or min:max like 4:16 for an elastic job; got {_clip(text)}") \
-            from None
+        raise ValueError(f"must be an integer like 4, or min:max like 4:16 for an elastic job; got "
+                         f"{_clip(text)}") from None
     return low, high
 
 
