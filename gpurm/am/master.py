@@ -212,7 +212,7 @@ class Master:
         level = LocalityLevel.parse(self.attempt.level) if self.attempt.level else self.level
         if self.spec.locality.mode is LocalityMode.ANY:
             level = LocalityLevel.ANY
-        return growth_parts(self.view, self.target - sum(r.held.gpus for r in live),
+        return growth_parts(self.view, self.target - self.live_gpus,
                             [r.held.node_id for r in live], master, level, self.avoid)
 
     def set_target(self, gpus: int, now: float) -> None:
@@ -223,7 +223,7 @@ class Master:
         self.target = min(max(gpus or self.spec.max_gpus, self.spec.gpus), self.spec.max_gpus)
         if self.phase is not Phase.RUNNING:
             return
-        size = sum(r.held.gpus for r in self._live_runs())
+        size = self.live_gpus
         for run in sorted((r for r in self._live_runs() if r.extra), key=lambda r: -r.rank):
             if size <= self.target or size - run.held.gpus < self.target:
                 break
@@ -313,6 +313,11 @@ class Master:
         return self.phase in (Phase.PLANNING, Phase.BACKOFF) and not self.held and not self.asks()
 
     @property
+    def live_gpus(self) -> int:
+        """GPUs of the learners still running (an elastic job's size now)."""
+        return sum(r.held.gpus for r in self._live_runs())
+
+    @property
     def held_gpus(self) -> int:
         return sum(h.gpus for h in self.held.values())
 
@@ -331,7 +336,7 @@ class Master:
         if self.phase is Phase.ACQUIRING and self._wanted(held):
             self.held[held.container_id] = held
         elif self.phase is Phase.RUNNING and self.spec.elastic and self._gang_runs() and \
-                sum(r.held.gpus for r in self._live_runs()) + held.gpus <= self.target:
+                self.live_gpus + held.gpus <= self.target:
             self._launch_extra(held)
         else:
             # Granted for an ask we no longer have (a stale plan, or the gang is complete): give it back.
@@ -739,7 +744,7 @@ class Master:
         gang = sorted((r for r in self.runs.values() if not r.extra), key=lambda r: r.rank)
         rank = max((r.rank for r in self.runs.values()), default=-1) + 1
         env = {"NNODES": str(len(self._live_runs()) + 1), "NODE_RANK": str(rank), "NPROC_PER_NODE": str(held.gpus),
-               "WORLD_SIZE": str(sum(r.held.gpus for r in self._live_runs()) + held.gpus),
+               "WORLD_SIZE": str(self.live_gpus + held.gpus),
                "GPURM_ATTEMPT": str(self.attempt.number),
                **self._elastic_env(gang[0].held, len(gang), False, held.gpus)}
         self.runs[held.container_id] = Run(rank, held, extra=True)

@@ -732,15 +732,18 @@ class RMCore:
         for g in grants:
             self.reclaims.consume(self.jobs[g.job_id].queue, len(g.gpu_indices))
         for g in grants:
-            job = self.jobs[g.job_id]
-            attempt = job.current_attempt
-            c = Container(container_id=g.container_id, job_id=g.job_id, kind=ContainerKind.LEARNER,
-                          node_id=g.node_id, gpu_indices=list(g.gpu_indices),
-                          attempt=attempt.number if attempt else 1, created=now, user=job.user,
-                          preemptible=g.preemptible)
-            self._add_container(c)
-            self.apps[g.job_id].pending_grants.append(g)
+            self._record_grant(g, now)
         return grants
+
+    def _record_grant(self, g: Grant, now: float, elastic: bool = False) -> None:
+        """The learner container a grant made, and the grant queued for its AM's next reply."""
+        job = self.jobs[g.job_id]
+        attempt = job.current_attempt
+        self._add_container(Container(container_id=g.container_id, job_id=g.job_id, kind=ContainerKind.LEARNER,
+                                      node_id=g.node_id, gpu_indices=list(g.gpu_indices),
+                                      attempt=attempt.number if attempt else 1, created=now, user=job.user,
+                                      preemptible=g.preemptible, elastic=elastic))
+        self.apps[g.job_id].pending_grants.append(g)
 
     def _elastic_pass(self, now: float) -> list[Grant]:
         """Elastic jobs (rm/elastic.py): while gang asks wait (not for a limit of their own), take back the
@@ -773,12 +776,7 @@ class RMCore:
                     self.queues.charge(g.queue, g.user, len(indices))
                     app.app.held_gpus += len(indices)
                     grant = Grant(g.job_id, cid, node.node_id, indices, preemptible=True)
-                    attempt = job.current_attempt
-                    self._add_container(Container(
-                        container_id=cid, job_id=g.job_id, kind=ContainerKind.LEARNER, node_id=node.node_id,
-                        gpu_indices=list(indices), attempt=attempt.number if attempt else 1, created=now,
-                        user=job.user, preemptible=True, elastic=True))
-                    app.pending_grants.append(grant)
+                    self._record_grant(grant, now, elastic=True)
                     grants.append(grant)
                     ask.count -= 1
             g.asks = [a for a in g.asks if a.count > 0]

@@ -535,8 +535,7 @@ class Engine:
             self.finish(am, now)
             return
         if am.trace.max_gpus:
-            live = sum(r.held.gpus for r in m.runs.values() if r.live)
-            if m.phase is Phase.RUNNING and live < m.target:
+            if m.phase is Phase.RUNNING and m.live_gpus < m.target:
                 self.growers[am.job_id] = None
             else:
                 self.growers.pop(am.job_id, None)
@@ -589,20 +588,12 @@ class Engine:
             else:
                 # Granted in the reply that also brought the end of its gang, which the AM had not heard yet:
                 # the learners start into an attempt that is over, and its AM stops them with the others.
-                for h, _, _ in launch.learners:
-                    self.report(h.node_id, [ContainerReport(h.container_id, "RUNNING", pid=1)], now)
-                    am.master.on_started(h.container_id, True, 1, "", False, now)
+                self.start_learners(am, launch, now)
             return
         self._token += 1
         containers = {h.container_id: h.node_id for h, _, _ in launch.learners}
         am.run = Run(self._token, now, containers)
-        by_node: dict[str, list[ContainerReport]] = {}
-        for h, _, _ in launch.learners:
-            by_node.setdefault(h.node_id, []).append(ContainerReport(h.container_id, "RUNNING", pid=1))
-        for node_id, reports in by_node.items():
-            self.report(node_id, reports, now)
-        for h, _, _ in launch.learners:
-            am.master.on_started(h.container_id, True, 1, "", False, now)
+        self.start_learners(am, launch, now)
         if am.first_start is None:
             am.first_start = now
         remaining = max(0.0, am.trace.duration_s - am.progress_s)
@@ -620,9 +611,8 @@ class Engine:
                 self.push(now + t_fail, FAIL, (am.job_id, self._token, node))
         self.dirty[am.job_id] = None
 
-    def grow(self, am: SimAM, launch: Launch, now: float) -> None:
-        """Grown learners of a running elastic job start (`placement` model): the job re-forms with them."""
-        assert am.run is not None and self.runtime is not None
+    def start_learners(self, am: SimAM, launch: Launch, now: float) -> None:
+        """The agents report the learners running (one heartbeat per server) and the AM hears they started."""
         by_node: dict[str, list[ContainerReport]] = {}
         for h, _, _ in launch.learners:
             by_node.setdefault(h.node_id, []).append(ContainerReport(h.container_id, "RUNNING", pid=1))
@@ -630,6 +620,11 @@ class Engine:
             self.report(node_id, reports, now)
         for h, _, _ in launch.learners:
             am.master.on_started(h.container_id, True, 1, "", False, now)
+
+    def grow(self, am: SimAM, launch: Launch, now: float) -> None:
+        """Grown learners of a running elastic job start (`placement` model): the job re-forms with them."""
+        assert am.run is not None and self.runtime is not None
+        self.start_learners(am, launch, now)
         grown = {**am.run.containers, **{h.container_id: h.node_id for h, _, _ in launch.learners}}
         self.resize(am, grown, self.runtime, now)
         self.dirty[am.job_id] = None
@@ -643,24 +638,13 @@ class Engine:
         self.accrue(am, run, now)
         am.progress_s = min(am.trace.duration_s, am.progress_s + run.work)
         touched: dict[str, None] = {am.job_id: None}
-        for n in run.nodes:
-            jobs = self.on_server.get(n)
-            if jobs is not None:
-                jobs.pop(am.job_id, None)
-                touched.update(jobs)
+        self.leave_servers(am.job_id, run, touched)
         self._token += 1
         new = Run(self._token, now, containers)
         new.productive_from = now + config.resize_cost_s
         new.accounted_at = now
         new.gpus = sum(self.core.containers[cid].gpus for cid in containers if cid in self.core.containers)
-        nodes = tuple(sorted(set(containers.values())))
-        new.racks = len({self.rack_of[n] for n in nodes})
-        if len(nodes) > 1:
-            new.nodes = nodes
-            for n in nodes:
-                jobs = self.on_server.setdefault(n, {})
-                touched.update(jobs)
-                jobs[am.job_id] = None
+        self.join_servers(am.job_id, new, touched)
         am.run = new
         self.retime(touched, config, now)
 
@@ -737,16 +721,30 @@ class Engine:
         run.productive_from = now + (config.restart_cost_s if am.restart_after else 0.0)
         run.accounted_at = now
         run.gpus = am.trace.gpus
+        touched: dict[str, None] = {am.job_id: None}
+        self.join_servers(am.job_id, run, touched)
+        self.retime(touched, config, now)
+
+    def join_servers(self, job_id: str, run: Run, touched: dict[str, None]) -> None:
+        """Note the run's servers and racks; a run on several servers shares their links with the multi-server
+        jobs already there, which go into `touched` (their rates change)."""
         nodes = tuple(sorted(set(run.containers.values())))
         run.racks = len({self.rack_of[n] for n in nodes})
-        touched: dict[str, None] = {am.job_id: None}
         if len(nodes) > 1:
             run.nodes = nodes
             for n in nodes:
                 jobs = self.on_server.setdefault(n, {})
                 touched.update(jobs)
-                jobs[am.job_id] = None
-        self.retime(touched, config, now)
+                jobs[job_id] = None
+
+    def leave_servers(self, job_id: str, run: Run, touched: dict[str, None]) -> None:
+        """The run stops sharing its servers' links: the jobs left there go into `touched`."""
+        for n in run.nodes:
+            jobs = self.on_server.get(n)
+            if jobs is not None:
+                jobs.pop(job_id, None)
+                touched.update(jobs)
+        run.nodes = ()
 
     def end_timed(self, am: SimAM, config: RuntimeConfig, report: ContainerReport, now: float) -> None:
         """An attempt's work stops: keep what it finished or checkpointed, count what was lost, and re-time the
@@ -778,12 +776,7 @@ class Engine:
             elif what == "preemption":
                 am.lost_preemption_gpu_s += gpu_s
         touched: dict[str, None] = {}
-        for n in run.nodes:
-            jobs = self.on_server.get(n)
-            if jobs is not None:
-                jobs.pop(am.job_id, None)
-                touched.update(jobs)
-        run.nodes = ()
+        self.leave_servers(am.job_id, run, touched)
         self.retime(touched, config, now)
 
     def accrue(self, am: SimAM, run: Run, now: float) -> None:
