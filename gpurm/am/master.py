@@ -29,7 +29,7 @@ from gpurm.am.elastic import growth_parts
 from gpurm.am.placement import Part, Plan, ServerView, View, as_view, plan, plan_spread, spread_shape_cap
 from gpurm.am.relax import CostRelax, FreeRate
 from gpurm.queues.fields import format_duration
-from gpurm.rm.jobspec import JobSpec, LocalityLevel, LocalityMode, Placement
+from gpurm.rm.jobspec import JobSpec, LocalityLevel, LocalityMode, Placement, share_text
 from gpurm.rm.model import FailureKind, JobState, Learner
 
 USER_ERROR_WINDOW_S = 60.0     # a failure this soon after start, twice with one exit code, is the user's
@@ -198,7 +198,7 @@ class Master:
         """Outstanding asks: (node, GPUs, preferred indices) for every part of the plan not yet held."""
         if self.phase is not Phase.ACQUIRING or self.plan is None:
             return []
-        return [(p.node_id, p.gpus, p.gpu_indices) for p in self._missing_parts()]
+        return [(p.node_id, p.gpus, p.gpu_indices if p.node_id else ()) for p in self._missing_parts()]
 
     def growth_asks(self, now: float) -> list[tuple[str, int, tuple[int, ...]]]:
         """An elastic job's asks to grow toward its target (sent as elastic asks): only while it runs."""
@@ -528,6 +528,10 @@ class Master:
             self._give_up_level(now)
 
     def _plan(self) -> Plan | None:
+        if self.spec.shared:
+            # A share of one GPU: the RM knows which shared GPUs have room (the view shows whole GPUs only), so the
+            # plan names no server.
+            return Plan(LocalityLevel.ANY, [Part("", "", (0,))])
         if self.spread:
             return plan_spread(self.spec.gpus, self.view, self.cap, self.avoid, self.salt)
         return plan(self.spec.gpus, self.view, self.level, self.avoid, self.salt)
@@ -582,7 +586,7 @@ class Master:
     def _first_level(self) -> LocalityLevel:
         """Where an attempt starts: `any` for a job that does not care about locality (or a spread job, which has no
         locality level), else its start level."""
-        if self.spec.locality.mode is LocalityMode.ANY or self.spread:
+        if self.spec.locality.mode is LocalityMode.ANY or self.spread or self.spec.shared:
             return LocalityLevel.ANY
         return self.spec.locality.start_level
 
@@ -673,7 +677,7 @@ class Master:
         if self.plan is None:
             return False
         free_on = (view or self.view).free_on
-        return any(free_on.get(p.node_id, 0) < p.gpus for p in self.plan.parts)
+        return any(p.node_id and free_on.get(p.node_id, 0) < p.gpus for p in self.plan.parts)
 
     def _missing_parts(self) -> list[Part]:
         assert self.plan is not None
@@ -682,7 +686,7 @@ class Master:
         free = list(self.held.values())
         missing = []
         for part in self.plan.parts:
-            match = next((h for h in free if h.node_id == part.node_id and h.gpus == part.gpus), None)
+            match = next((h for h in free if part.node_id in ("", h.node_id) and h.gpus == part.gpus), None)
             if match is not None:
                 free.remove(match)
             else:
@@ -692,7 +696,7 @@ class Master:
     def _wanted(self, held: Held) -> bool:
         if self.plan is None:
             return False
-        return any(p.node_id == held.node_id and p.gpus == held.gpus for p in self._missing_parts())
+        return any(p.node_id in ("", held.node_id) and p.gpus == held.gpus for p in self._missing_parts())
 
     def _launch(self, now: float) -> None:
         assert self.plan is not None
@@ -845,6 +849,9 @@ class Master:
     def waiting_reason(self, now: float) -> str:
         if self.spread:
             return self._spread_reason(now)
+        if self.spec.shared and self.phase is not Phase.BACKOFF:
+            return (f"waiting for {share_text(self.spec.gpu_share_milli)} of a GPU: no shared GPU has that much room "
+                    f"and no GPU is free ({format_duration(now - self.level_since)})")
         gpus = self.spec.gpus
         level = self.level
         timeout = self.spec.locality.timeout_s if self.phase is Phase.BACKOFF else \

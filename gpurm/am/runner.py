@@ -177,7 +177,8 @@ class AMRunner:
                     break
                 request = pb.AllocateRequest(
                     job_id=self.job_id, am_attempt=self.am_attempt, response_id=response_id,
-                    asks=[pb.ResourceAsk(node_id=n, gpus=g, count=1, gpu_indices=idx)
+                    asks=[pb.ResourceAsk(node_id=n, gpus=g, count=1, gpu_indices=idx,
+                                         gpu_share_milli=master.spec.gpu_share_milli)
                           for n, g, idx in master.asks()]
                     + [pb.ResourceAsk(node_id=n, gpus=g, count=1, gpu_indices=idx, elastic=True)
                        for n, g, idx in master.growth_asks(now)],

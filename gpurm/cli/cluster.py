@@ -11,6 +11,7 @@ from pathlib import Path
 from gpurm.cli.client import RM, CliError, rm_address
 from gpurm.cli.output import ago, message_dict, print_json, table
 from gpurm.proto import gpurm_pb2 as pb
+from gpurm.rm.jobspec import share_text
 
 NODE_STATES = {v: k.removeprefix("NODE_") for k, v in pb.NodeState.items()}
 
@@ -30,6 +31,9 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         models = sorted({g.model for g in n.gpus}) or ["-"]
         unhealthy = [g.index for g in n.gpus if not g.healthy]
         note = n.health_report or (f"unhealthy GPUs {unhealthy}" if unhealthy else "")
+        shared = shared_gpus(n)
+        if shared:
+            note = "; ".join(x for x in (note, f"shared {shared}") if x)
         rows.append([n.node_id, n.rack, NODE_STATES.get(n.state, "?"), f"{n.gpus_free}/{n.gpus_total}",
                      ",".join(models), n.containers, f"{n.host}:{n.agent_port}", ago(n.last_heartbeat_ms, now),
                      note])
@@ -38,6 +42,23 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     total = sum(n.gpus_total for n in reply.nodes)
     print(f"{len(reply.nodes)} nodes, {free} of {total} GPUs free")
     return 0
+
+
+def shared_gpus(n: pb.NodeInfo) -> str:
+    """`GPU 3: 0.75 (3 jobs)` for each GPU that jobs below one GPU share."""
+    on: dict[int, list[int]] = {}
+    for a in n.assignments:
+        if a.gpu_share_milli:
+            on.setdefault(a.gpu_index, []).append(a.gpu_share_milli)
+    return ", ".join(f"GPU {i}: {share_text(sum(m))} ({len(m)} job{'s' if len(m) > 1 else ''})"
+                     for i, m in sorted(on.items()))
+
+
+def _amount(exact: float, whole: int) -> str:
+    """A queue's GPUs: whole numbers as such, fractions (shared GPUs) with up to three decimals."""
+    if not exact:
+        return str(whole)
+    return share_text(round(exact * 1000)) if exact != int(exact) else str(int(exact))
 
 
 def cmd_queues(args: argparse.Namespace) -> int:
@@ -57,7 +78,8 @@ def print_queue_table(queues: Iterable[pb.QueueInfo]) -> None:
         depth = q.path.count(".")
         name = "  " * depth + q.path.rsplit(".", 1)[-1]
         rows.append([name, f"{q.weight:g}", q.min_gpus, "-" if q.max_gpus < 0 else q.max_gpus, q.steady_share,
-                     q.instantaneous_share, q.used_gpus, q.pending_gpus, q.running_jobs, q.queued_jobs,
+                     q.instantaneous_share, _amount(q.used, q.used_gpus), _amount(q.pending, q.pending_gpus),
+                     q.running_jobs, q.queued_jobs,
                      q.policy if q.leaf else "", "" if q.preemptible else "no"])
     table(["QUEUE", "WEIGHT", "MIN", "MAX", "STEADY", "INSTANT", "USED", "PENDING", "RUN", "QUEUED", "POLICY",
            "PREEMPT"], rows)

@@ -28,8 +28,9 @@ from gpurm.rm.jobspec import (
     LocalityLevel,
     LocalityMode,
     Placement,
-    parse_gpus,
+    parse_gpus_text,
     parse_job_yaml,
+    share_text,
     spec_to_proto,
     validate_spec,
 )
@@ -42,7 +43,9 @@ FAILURE_NAMES = {v: k.removeprefix("FAILURE_").lower() for k, v in pb.FailureKin
 
 
 def gpus_text(spec: pb.JobSpec) -> str:
-    """`4`, or `4:16` for an elastic job (the form `--gpus` takes)."""
+    """`4`, `4:16` for an elastic job, `0.5` for a job below one GPU (the forms `--gpus` takes)."""
+    if spec.gpu_share_milli:
+        return share_text(spec.gpu_share_milli)
     return f"{spec.gpus}:{spec.max_gpus}" if spec.max_gpus > spec.gpus else str(spec.gpus)
 
 
@@ -78,7 +81,7 @@ def _spec_from_args(args: argparse.Namespace) -> JobSpec:
                        "(gpurm submit --gpus 1 -- python train.py)")
     if args.gpus is not None:
         try:
-            spec.gpus, spec.max_gpus = parse_gpus(str(args.gpus))
+            spec.gpus, spec.max_gpus, spec.gpu_share_milli = parse_gpus_text(str(args.gpus))
         except ValueError as exc:
             raise CliError(f"--gpus: {exc}") from None
     if args.queue:

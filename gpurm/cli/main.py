@@ -55,11 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
              "  gpurm submit configs/jobs/train-16gpu.yaml\n"
              "  gpurm submit --gpus 2 --queue research.nlp --name probe -- python train.py --lr 3e-4\n"
              "  JOB=$(gpurm submit --gpus 1 --wait -- ./eval.sh)\n"
-             "  gpurm submit --gpus 4 --placement spread -- ./serve.sh   # 4 servers, 1 GPU each")
+             "  gpurm submit --gpus 4 --placement spread -- ./serve.sh   # 4 servers, 1 GPU each\n"
+             "  gpurm submit --gpus 0.25 -- python sweep.py --trial 7   # a quarter of one shared GPU")
     p.add_argument("file", nargs="?", help="job file (YAML: name, queue, gpus, command, workdir, env, "
                                            "max_retries, locality, placement); see docs/jobs.md")
-    p.add_argument("--gpus", help="GPUs for the job, or MIN:MAX for an elastic job that grows and shrinks "
-                   "between them, e.g. 4:16 (overrides the file)")
+    p.add_argument("--gpus", help="GPUs for the job; MIN:MAX for an elastic job that grows and shrinks "
+                   "between them, e.g. 4:16; or a fraction below 1, e.g. 0.5, for a share of one GPU that other "
+                   "small jobs share too (overrides the file)")
     p.add_argument("--queue", help="leaf queue path, e.g. research.nlp (default: the file's, else `default`)")
     p.add_argument("--name", help="a name to recognise the job by")
     p.add_argument("--max-retries", type=int, help="failed attempts to retry (default 3)")

@@ -61,7 +61,7 @@ class Limits:
         return "max" if self.memory_bytes is None else str(self.memory_bytes)
 
 
-def share_limits(gpus: int, node_gpus: int, node_cpus: int, node_memory_mib: int, *, cpus: int = 0,
+def share_limits(gpus: float, node_gpus: int, node_cpus: int, node_memory_mib: int, *, cpus: int = 0,
                  memory_mib: int = 0) -> Limits:
     """The container's share of the node: `cpus` / `memory_mib` when the grant names them, else the node's
     CPUs and memory * gpus / node_gpus. A GPU-less container (an AM) gets no limit."""
@@ -74,7 +74,7 @@ def share_limits(gpus: int, node_gpus: int, node_cpus: int, node_memory_mib: int
     if memory_mib > 0:
         mem: int | None = memory_mib * MIB
     elif gpus > 0 and node_gpus > 0 and node_memory_mib > 0:
-        mem = node_memory_mib * MIB * gpus // node_gpus
+        mem = int(node_memory_mib * MIB * gpus // node_gpus)
     else:
         mem = None
     quota = None if cpu_share is None else max(1000, round(cpu_share * CPU_PERIOD_US))

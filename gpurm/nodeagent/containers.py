@@ -45,8 +45,10 @@ from gpurm.nodeagent.launch import (
     container_argv,
     container_env,
     launch_spec,
+    mps_pipe_dir,
     read_exit,
     read_handshake,
+    share_env,
     spawn_shim,
     wait_for_exit,
     wait_pid_exit,
@@ -186,8 +188,20 @@ class ContainerSupervisor:
         return rec.to_proto() if rec else None
 
     def gpus_in_use(self) -> dict[int, str]:
-        """GPU index → the live container holding it."""
+        """GPU index → the live container holding it (one of them for a shared GPU)."""
         return {g: r.container_id for r in self._records.values() if r.live for g in r.gpu_indices}
+
+    def _busy_for(self, gpu_indices: Sequence[int], share_milli: int) -> tuple[int, str] | None:
+        """A GPU the new container cannot have, with a container in its way: any held GPU for a whole-GPU
+        container; for a share, a GPU held whole, or one whose shares leave less room than it asks."""
+        for g in gpu_indices:
+            holders = [r for r in self._records.values() if r.live and g in r.gpu_indices]
+            if not holders:
+                continue
+            if not share_milli or any(not r.share_milli for r in holders) or \
+                    sum(r.share_milli for r in holders) + share_milli > 1000:
+                return g, holders[0].container_id
+        return None
 
     def processes(self, container_id: str) -> set[int]:
         """Every live process of a container (launcher included); empty when it is unknown or gone."""
@@ -276,7 +290,7 @@ class ContainerSupervisor:
     async def start(self, container_id: str, job_id: str, kind: pb.ContainerKind, argv: Sequence[str],
                     env: Mapping[str, str], workdir: str, gpu_indices: Sequence[int], attempt: int = 0,
                     user: str = "", *, cpus: int = 0, memory_mib: int = 0,
-                    rightsize: bool = False) -> ContainerRecord:
+                    rightsize: bool = False, share_milli: int = 0, gpu_memory_mib: int = 0) -> ContainerRecord:
         """Launch a container, or return the existing record when this id is already known (idempotent).
 
         Raises GpuBusyError when a GPU is held by another live container, ContainerExistsError when the id
@@ -293,10 +307,9 @@ class ContainerSupervisor:
             cdir = self.container_dir(container_id)
             if (cdir / RECORD_FILE).exists():
                 raise ContainerExistsError(f"container {container_id} already ran on this node")
-            in_use = self.gpus_in_use()
-            for g in gpu_indices:
-                if g in in_use:
-                    raise GpuBusyError(g, in_use[g])
+            busy = self._busy_for(gpu_indices, share_milli)
+            if busy is not None:
+                raise GpuBusyError(*busy)
             make_dir(self.containers_dir, state_dir_mode())
             make_dir(cdir, PRIVATE_DIR_MODE)
             full_argv = container_argv(kind, argv)
@@ -304,7 +317,8 @@ class ContainerSupervisor:
                 container_id=container_id, job_id=job_id, kind=kind, state=pb.CONTAINER_STARTING,
                 gpu_indices=list(gpu_indices), node_id=self.node_id, attempt=attempt, user=user,
                 argv=full_argv, workdir=workdir, start_ms=self._clock_ms(), cpus=cpus, memory_mib=memory_mib,
-                rightsize=rightsize,
+                rightsize=rightsize, share_milli=share_milli,
+                gpu_memory_mib=gpu_memory_mib * share_milli // 1000 if share_milli else 0,
             )
             self._records[container_id] = rec
             self._ended[container_id] = asyncio.Event()
@@ -348,6 +362,8 @@ class ContainerSupervisor:
         env_all = container_env(
             passthrough=self.env_passthrough, agent_env=self._agent_env, launch_env=env,
             container_id=rec.container_id, node_id=self.node_id, kind=rec.kind, gpu_indices=rec.gpu_indices)
+        if rec.share_milli:
+            env_all.update(share_env(rec.share_milli, rec.gpu_memory_mib, mps_pipe_dir(self._agent_env)))
         env_all.update(extra_env)
         if who.switches:
             # A home that does not exist (nobody's /nonexistent) is replaced by the container's work dir.
@@ -356,7 +372,8 @@ class ContainerSupervisor:
                 if name not in env and value:
                     env_all[name] = value
         env_all[MARKER_ENV] = self.marker(rec.container_id)
-        limits = share_limits(len(rec.gpu_indices), self.node_gpus, self.node_cpus, self.node_memory_mib,
+        gpus = rec.share_milli / 1000 if rec.share_milli else len(rec.gpu_indices)
+        limits = share_limits(gpus, self.node_gpus, self.node_cpus, self.node_memory_mib,
                               cpus=rec.cpus, memory_mib=rec.memory_mib)
         cgroup = self.cgroups.create(rec.container_id, limits)
         rec.cgroup = str(cgroup) if cgroup is not None else ""

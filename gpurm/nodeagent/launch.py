@@ -55,6 +55,29 @@ def container_env(*, passthrough: Sequence[str], agent_env: Mapping[str, str], l
     return env
 
 
+MPS_PIPE_DEFAULT = "/tmp/nvidia-mps"      # nvidia-cuda-mps-control's pipe directory unless told otherwise
+
+
+def mps_pipe_dir(agent_env: Mapping[str, str]) -> str:
+    """The CUDA MPS control daemon's pipe directory when one runs on this node (its `control` pipe exists), else
+    "". The agent's CUDA_MPS_PIPE_DIRECTORY names it where it is not the default."""
+    pipe_dir = agent_env.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DEFAULT
+    return pipe_dir if os.path.exists(os.path.join(pipe_dir, "control")) else ""
+
+
+def share_env(share_milli: int, gpu_memory_mib: int, mps_dir: str) -> dict[str, str]:
+    """What a container on a shared GPU is told: its share and GPU-memory limit (GPURM_GPU_SHARE,
+    GPURM_GPU_MEMORY_MIB: a framework can cap itself, e.g. torch.cuda.set_per_process_memory_fraction), and where
+    CUDA MPS runs, the MPS limits MPS enforces: the share of the GPU's SMs and the pinned device memory."""
+    env = {"GPURM_GPU_SHARE": f"{share_milli / 1000:g}", "GPURM_GPU_MEMORY_MIB": str(gpu_memory_mib)}
+    if mps_dir:
+        env["CUDA_MPS_PIPE_DIRECTORY"] = mps_dir
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, share_milli // 10))
+        if gpu_memory_mib:
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={gpu_memory_mib}M"   # device 0: its only visible GPU
+    return env
+
+
 @dataclass(frozen=True)
 class Handshake:
     """The launcher's first word: the command's pid, or why it could not be started."""

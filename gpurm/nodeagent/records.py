@@ -60,6 +60,8 @@ class ContainerRecord:
     shim_start: int = 0           # its start time (/proc/<pid>/stat), so a reused pid is never adopted
     cgroup: str = ""              # the container's cgroup v2 directory, "" without one
     rightsize: bool = False       # its queue has `rightsize: on`: memory.high follows its phases (monitor.py)
+    share_milli: int = 0          # a share of its one GPU (thousandths; 0 = whole GPUs): others may share it
+    gpu_memory_mib: int = 0       # a shared GPU's memory limit for it (its share of the GPU's memory)
     version: int = 0              # bumped on every change; the heartbeat's pending set compares it
     reported: bool = False        # its end reached an RM (acknowledged): a restarted agent need not report it
 

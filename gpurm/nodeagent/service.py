@@ -138,7 +138,9 @@ class ContainerManagerServicer(pb_grpc.ContainerManagerServicer):
                 cid, grant.job_id, grant.kind, list(request.launch.argv),
                 {**request.launch.env, **(self.am_env if grant.kind == pb.CONTAINER_AM else {})},
                 request.launch.workdir, indices, grant.attempt, grant.user,
-                cpus=grant.cpus, memory_mib=grant.memory_mib, rightsize=grant.rightsize)
+                cpus=grant.cpus, memory_mib=grant.memory_mib, rightsize=grant.rightsize,
+                share_milli=grant.gpu_share_milli if len(indices) == 1 else 0,
+                gpu_memory_mib=self.gpus[indices[0]].memory_mib if indices else 0)
         except GpuBusyError as exc:
             raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from exc
         except ContainerExistsError as exc:

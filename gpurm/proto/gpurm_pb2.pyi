@@ -188,14 +188,16 @@ class NodeInfo(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., agent_port: _Optional[int] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., gpus_total: _Optional[int] = ..., gpus_free: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., containers: _Optional[int] = ..., assignments: _Optional[_Iterable[_Union[GpuAssignment, _Mapping]]] = ..., health_report: _Optional[str] = ..., agent_version: _Optional[str] = ...) -> None: ...
 
 class GpuAssignment(_message.Message):
-    __slots__ = ("gpu_index", "container_id", "job_id")
+    __slots__ = ("gpu_index", "container_id", "job_id", "gpu_share_milli")
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_SHARE_MILLI_FIELD_NUMBER: _ClassVar[int]
     gpu_index: int
     container_id: str
     job_id: str
-    def __init__(self, gpu_index: _Optional[int] = ..., container_id: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+    gpu_share_milli: int
+    def __init__(self, gpu_index: _Optional[int] = ..., container_id: _Optional[str] = ..., job_id: _Optional[str] = ..., gpu_share_milli: _Optional[int] = ...) -> None: ...
 
 class NodeView(_message.Message):
     __slots__ = ("node_id", "rack", "ib_domain", "gpus_total", "free_gpus", "state", "gpus_healthy", "islands", "elastic_gpus")
@@ -276,7 +278,7 @@ class ContainerStatus(_message.Message):
     def __init__(self, container_id: _Optional[str] = ..., job_id: _Optional[str] = ..., kind: _Optional[_Union[ContainerKind, str]] = ..., state: _Optional[_Union[ContainerState, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., stopped: _Optional[bool] = ..., diagnostics: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., node_id: _Optional[str] = ..., infra_failure: _Optional[bool] = ..., user_error: _Optional[bool] = ...) -> None: ...
 
 class ContainerTokenPayload(_message.Message):
-    __slots__ = ("container_id", "job_id", "node_id", "gpu_indices", "kind", "user", "expiry_ms", "attempt", "cpus", "memory_mib", "purpose", "rightsize")
+    __slots__ = ("container_id", "job_id", "node_id", "gpu_indices", "kind", "user", "expiry_ms", "attempt", "cpus", "memory_mib", "purpose", "rightsize", "gpu_share_milli")
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -289,6 +291,7 @@ class ContainerTokenPayload(_message.Message):
     MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     PURPOSE_FIELD_NUMBER: _ClassVar[int]
     RIGHTSIZE_FIELD_NUMBER: _ClassVar[int]
+    GPU_SHARE_MILLI_FIELD_NUMBER: _ClassVar[int]
     container_id: str
     job_id: str
     node_id: str
@@ -301,7 +304,8 @@ class ContainerTokenPayload(_message.Message):
     memory_mib: int
     purpose: TokenPurpose
     rightsize: bool
-    def __init__(self, container_id: _Optional[str] = ..., job_id: _Optional[str] = ..., node_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., kind: _Optional[_Union[ContainerKind, str]] = ..., user: _Optional[str] = ..., expiry_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., purpose: _Optional[_Union[TokenPurpose, str]] = ..., rightsize: _Optional[bool] = ...) -> None: ...
+    gpu_share_milli: int
+    def __init__(self, container_id: _Optional[str] = ..., job_id: _Optional[str] = ..., node_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., kind: _Optional[_Union[ContainerKind, str]] = ..., user: _Optional[str] = ..., expiry_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., purpose: _Optional[_Union[TokenPurpose, str]] = ..., rightsize: _Optional[bool] = ..., gpu_share_milli: _Optional[int] = ...) -> None: ...
 
 class ContainerToken(_message.Message):
     __slots__ = ("payload", "signature", "key_id")
@@ -345,7 +349,7 @@ class LocalitySpec(_message.Message):
     def __init__(self, timeout_ms: _Optional[int] = ..., backoff_base_ms: _Optional[int] = ..., backoff_max_ms: _Optional[int] = ..., start_level: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "queue", "gpus", "command", "workdir", "env", "max_retries", "locality", "placement", "max_gpus")
+    __slots__ = ("name", "queue", "gpus", "command", "workdir", "env", "max_retries", "locality", "placement", "max_gpus", "gpu_share_milli")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -363,6 +367,7 @@ class JobSpec(_message.Message):
     LOCALITY_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     MAX_GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_SHARE_MILLI_FIELD_NUMBER: _ClassVar[int]
     name: str
     queue: str
     gpus: int
@@ -373,7 +378,8 @@ class JobSpec(_message.Message):
     locality: LocalitySpec
     placement: str
     max_gpus: int
-    def __init__(self, name: _Optional[str] = ..., queue: _Optional[str] = ..., gpus: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., max_retries: _Optional[int] = ..., locality: _Optional[_Union[LocalitySpec, _Mapping]] = ..., placement: _Optional[str] = ..., max_gpus: _Optional[int] = ...) -> None: ...
+    gpu_share_milli: int
+    def __init__(self, name: _Optional[str] = ..., queue: _Optional[str] = ..., gpus: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., max_retries: _Optional[int] = ..., locality: _Optional[_Union[LocalitySpec, _Mapping]] = ..., placement: _Optional[str] = ..., max_gpus: _Optional[int] = ..., gpu_share_milli: _Optional[int] = ...) -> None: ...
 
 class Learner(_message.Message):
     __slots__ = ("rank", "node_id", "host", "gpu_indices", "container_id", "state", "exit_code", "signal", "pid", "preemptible", "usage", "rightsize")
@@ -594,7 +600,7 @@ class RegisterAMRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., am_attempt: _Optional[int] = ..., host: _Optional[str] = ...) -> None: ...
 
 class ContainerGrant(_message.Message):
-    __slots__ = ("container_id", "node_id", "host", "agent_port", "gpu_indices", "token", "preemptible", "rack", "attempt")
+    __slots__ = ("container_id", "node_id", "host", "agent_port", "gpu_indices", "token", "preemptible", "rack", "attempt", "gpu_share_milli")
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -604,6 +610,7 @@ class ContainerGrant(_message.Message):
     PREEMPTIBLE_FIELD_NUMBER: _ClassVar[int]
     RACK_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    GPU_SHARE_MILLI_FIELD_NUMBER: _ClassVar[int]
     container_id: str
     node_id: str
     host: str
@@ -613,7 +620,8 @@ class ContainerGrant(_message.Message):
     preemptible: bool
     rack: str
     attempt: int
-    def __init__(self, container_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., agent_port: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., token: _Optional[_Union[ContainerToken, _Mapping]] = ..., preemptible: _Optional[bool] = ..., rack: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
+    gpu_share_milli: int
+    def __init__(self, container_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., agent_port: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., token: _Optional[_Union[ContainerToken, _Mapping]] = ..., preemptible: _Optional[bool] = ..., rack: _Optional[str] = ..., attempt: _Optional[int] = ..., gpu_share_milli: _Optional[int] = ...) -> None: ...
 
 class RegisterAMResponse(_message.Message):
     __slots__ = ("job", "held", "held_status", "mqtt_url", "allocate_interval_ms", "view", "mqtt_username", "mqtt_password", "am_token")
@@ -638,20 +646,22 @@ class RegisterAMResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., held: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., held_status: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., mqtt_url: _Optional[str] = ..., allocate_interval_ms: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ..., mqtt_username: _Optional[str] = ..., mqtt_password: _Optional[str] = ..., am_token: _Optional[str] = ...) -> None: ...
 
 class ResourceAsk(_message.Message):
-    __slots__ = ("node_id", "rack", "gpus", "count", "gpu_indices", "elastic")
+    __slots__ = ("node_id", "rack", "gpus", "count", "gpu_indices", "elastic", "gpu_share_milli")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     RACK_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
     ELASTIC_FIELD_NUMBER: _ClassVar[int]
+    GPU_SHARE_MILLI_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     rack: str
     gpus: int
     count: int
     gpu_indices: _containers.RepeatedScalarFieldContainer[int]
     elastic: bool
-    def __init__(self, node_id: _Optional[str] = ..., rack: _Optional[str] = ..., gpus: _Optional[int] = ..., count: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., elastic: _Optional[bool] = ...) -> None: ...
+    gpu_share_milli: int
+    def __init__(self, node_id: _Optional[str] = ..., rack: _Optional[str] = ..., gpus: _Optional[int] = ..., count: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., elastic: _Optional[bool] = ..., gpu_share_milli: _Optional[int] = ...) -> None: ...
 
 class AttemptReport(_message.Message):
     __slots__ = ("attempt", "state", "learners", "waiting_reason", "level", "failure", "cause", "exit_code", "counts_as_failure", "start_ms", "end_ms")
@@ -864,7 +874,7 @@ class ListNodesResponse(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
 
 class QueueInfo(_message.Message):
-    __slots__ = ("path", "weight", "min_gpus", "max_gpus", "steady_share", "instantaneous_share", "used_gpus", "pending_gpus", "running_jobs", "queued_jobs", "leaf", "preemptible", "policy", "max_running_jobs", "starved_since_ms")
+    __slots__ = ("path", "weight", "min_gpus", "max_gpus", "steady_share", "instantaneous_share", "used_gpus", "pending_gpus", "running_jobs", "queued_jobs", "leaf", "preemptible", "policy", "max_running_jobs", "starved_since_ms", "used", "pending")
     PATH_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     MIN_GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -880,6 +890,8 @@ class QueueInfo(_message.Message):
     POLICY_FIELD_NUMBER: _ClassVar[int]
     MAX_RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
     STARVED_SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
     path: str
     weight: float
     min_gpus: int
@@ -895,7 +907,9 @@ class QueueInfo(_message.Message):
     policy: str
     max_running_jobs: int
     starved_since_ms: int
-    def __init__(self, path: _Optional[str] = ..., weight: _Optional[float] = ..., min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., steady_share: _Optional[int] = ..., instantaneous_share: _Optional[int] = ..., used_gpus: _Optional[int] = ..., pending_gpus: _Optional[int] = ..., running_jobs: _Optional[int] = ..., queued_jobs: _Optional[int] = ..., leaf: _Optional[bool] = ..., preemptible: _Optional[bool] = ..., policy: _Optional[str] = ..., max_running_jobs: _Optional[int] = ..., starved_since_ms: _Optional[int] = ...) -> None: ...
+    used: float
+    pending: float
+    def __init__(self, path: _Optional[str] = ..., weight: _Optional[float] = ..., min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., steady_share: _Optional[int] = ..., instantaneous_share: _Optional[int] = ..., used_gpus: _Optional[int] = ..., pending_gpus: _Optional[int] = ..., running_jobs: _Optional[int] = ..., queued_jobs: _Optional[int] = ..., leaf: _Optional[bool] = ..., preemptible: _Optional[bool] = ..., policy: _Optional[str] = ..., max_running_jobs: _Optional[int] = ..., starved_since_ms: _Optional[int] = ..., used: _Optional[float] = ..., pending: _Optional[float] = ...) -> None: ...
 
 class ListQueuesRequest(_message.Message):
     __slots__ = ()

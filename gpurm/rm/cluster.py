@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from gpurm.rm.sortedkeys import SortedKeys
 
 LINK_NVLINK = 1  # pb.LINK_NVLINK; kept as a plain int so this module needs no protobuf
+SHARED = "(shared)"   # the holder of a GPU that jobs below one GPU share (Node.shared says who holds what)
+WHOLE_MILLI = 1000    # one GPU, in the thousandths that shares are counted in
 
 
 class NodeState(enum.Enum):
@@ -50,7 +52,8 @@ class Node:
     session: str = ""
     agent_instance: str = ""
     agent_version: str = ""
-    allocated: dict[int, str] = field(default_factory=dict)   # GPU index -> container id
+    allocated: dict[int, str] = field(default_factory=dict)   # GPU index -> container id (or SHARED)
+    shared: dict[int, dict[str, int]] = field(default_factory=dict)  # shared GPU index -> container id -> milli
     drain: bool = False
     health_report: str = ""
     islands: list[list[int]] = field(default_factory=list)    # NVLink islands, computed from links
@@ -70,6 +73,11 @@ class Node:
         if not self.offering:
             return []
         return sorted(i for i, g in self.gpus.items() if g.healthy and i not in self.allocated)
+
+    def share_room(self, index: int) -> int:
+        """Thousandths of a shared GPU still free (0 for a GPU that is not shared)."""
+        holders = self.shared.get(index)
+        return WHOLE_MILLI - sum(holders.values()) if holders else 0
 
     @property
     def free(self) -> int:
@@ -153,6 +161,7 @@ class Cluster:
         self._capacity: int | None = None  # cached; node, state and health changes reset it
         self.shape_version = 0             # counts node, state and health changes (what servers offer, and where)
         self.releases = 0                  # counts GPU releases (and nodes coming up): "something came free"
+        self.shared_nodes: set[str] = set()  # nodes with a shared GPU (place_share looks only there)
 
     # -- index upkeep
     def _reindex(self, node: Node) -> None:
@@ -191,6 +200,8 @@ class Cluster:
                     rack_index.discard((old_free, node.node_id))
         node.islands = nvlink_islands(node.gpus.values())
         self.nodes[node.node_id] = node
+        if node.shared:
+            self.shared_nodes.add(node.node_id)
         self._capacity = None
         self.shape_version += 1
         self.releases += 1
@@ -226,15 +237,73 @@ class Cluster:
             node.allocated[i] = container_id
         self._reindex(node)
 
+    def allocate_share(self, node_id: str, index: int, milli: int, container_id: str) -> None:
+        """Give `container_id` `milli` thousandths of GPU `index`: a free GPU becomes shared (no whole-GPU job
+        lands on it until its last share ends), or a shared GPU with that much room takes one more."""
+        node = self.nodes[node_id]
+        holder = node.allocated.get(index)
+        holders = node.shared.get(index, {})
+        if holder is not None and holder != SHARED:
+            raise ValueError(f"GPU {index} of {node_id} is held whole by {holder}")
+        if container_id not in holders and sum(holders.values()) + milli > WHOLE_MILLI:
+            raise ValueError(f"GPU {index} of {node_id} has {WHOLE_MILLI - sum(holders.values())} thousandths free, "
+                             f"not {milli}")
+        node.allocated[index] = SHARED
+        node.shared[index] = {**holders, container_id: milli}
+        self.shared_nodes.add(node_id)
+        self._reindex(node)
+
+    def hold(self, node_id: str, indices: Iterable[int], container_id: str, share_milli: int = 0) -> None:
+        """Allocate a container's GPUs as it holds them: whole, or a share of one GPU."""
+        if share_milli:
+            for i in indices:
+                self.allocate_share(node_id, i, share_milli, container_id)
+        else:
+            self.allocate(node_id, indices, container_id)
+
     def release(self, node_id: str, indices: Iterable[int], container_id: str) -> None:
         node = self.nodes.get(node_id)
         if node is None:
             return
         for i in indices:
-            if node.allocated.get(i) == container_id:
+            holder = node.allocated.get(i)
+            if holder == container_id:
                 del node.allocated[i]
+            elif holder == SHARED:
+                holders = node.shared.get(i, {})
+                holders.pop(container_id, None)
+                if not holders:          # its last share ended: a whole GPU again
+                    node.shared.pop(i, None)
+                    del node.allocated[i]
+        if not node.shared:
+            self.shared_nodes.discard(node_id)
         self.releases += 1
         self._reindex(node)
+
+    def place_share(self, milli: int, rack: str = "", node_id: str = "") -> tuple[Node, int] | None:
+        """Where a share of `milli` goes: the shared GPU with the least room that fits it (best fit keeps room
+        whole for bigger shares), else a free GPU on the server with the fewest free (whole GPUs stay together
+        for whole-GPU jobs). None when no GPU has the room. `rack` / `node_id` narrow the search."""
+        best: tuple[int, str, int] | None = None
+        for nid in sorted(self.shared_nodes) if not node_id else [node_id]:
+            node = self.nodes.get(nid)
+            if node is None or not node.offering or (rack and node.rack != rack):
+                continue
+            for index, holders in node.shared.items():
+                room = WHOLE_MILLI - sum(holders.values())
+                gpu = node.gpus.get(index)
+                if room >= milli and gpu is not None and gpu.healthy and (best is None or room < best[0]):
+                    best = (room, nid, index)
+        if best is not None:
+            return self.nodes[best[1]], best[2]
+        if node_id:
+            node = self.nodes.get(node_id)
+            free = node.free_indices() if node is not None else []
+            return (node, free[0]) if node is not None and free else None
+        node = next(iter(self.nodes_with_free(1, rack or None)), None)
+        if node is None:
+            return None
+        return node, node.free_indices()[0]
 
     # -- queries
     def free(self, node_id: str) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.rm.cluster import GpuRecord, Node, NodeState
+from gpurm.rm.cluster import SHARED, GpuRecord, Node, NodeState
 from gpurm.rm.jobspec import spec_to_proto
 from gpurm.rm.messages import AttemptUpdate, ContainerReport, NodeRegistration
 from gpurm.rm.model import Attempt, Container, ContainerPhase, ExitKind, FailureKind, Job, JobState, Learner
@@ -95,7 +95,7 @@ def attempt_update_to_pb(u: AttemptUpdate) -> pb.AttemptReport:
 
 def ask_from_pb(msg: pb.ResourceAsk) -> Ask:
     return Ask(gpus=msg.gpus, count=max(msg.count, 1), node_id=msg.node_id, rack=msg.rack,
-               preferred=tuple(msg.gpu_indices), elastic=msg.elastic)
+               preferred=tuple(msg.gpu_indices), elastic=msg.elastic, share_milli=max(msg.gpu_share_milli, 0))
 
 
 def report_from_pb(msg: pb.ContainerStatus) -> ContainerReport:
@@ -154,9 +154,13 @@ def node_to_pb(node: Node) -> pb.NodeInfo:
         node_id=node.node_id, host=node.host, agent_port=node.port, rack=node.rack, ib_domain=node.ib_domain,
         state=NODE_STATE_TO_PB[node.state], gpus=[gpu_to_pb(g) for _, g in sorted(node.gpus.items())],
         gpus_total=len(node.gpus), gpus_free=node.free, cpus=node.cpus, memory_mib=node.memory_mib,
-        last_heartbeat_ms=ms(node.last_heartbeat), containers=len(set(node.allocated.values())),
-        assignments=[pb.GpuAssignment(gpu_index=i, container_id=cid, job_id=cid.rsplit("-c", 1)[0])
-                     for i, cid in sorted(node.allocated.items())],
+        last_heartbeat_ms=ms(node.last_heartbeat),
+        containers=len({c for c in node.allocated.values() if c != SHARED}
+                       | {c for holders in node.shared.values() for c in holders}),
+        assignments=[pb.GpuAssignment(gpu_index=i, container_id=cid, job_id=cid.rsplit("-c", 1)[0],
+                                      gpu_share_milli=node.shared.get(i, {}).get(cid, 0))
+                     for i, holder in sorted(node.allocated.items())
+                     for cid in (sorted(node.shared.get(i, {})) if holder == SHARED else [holder])],
         health_report=node.health_report, agent_version=node.agent_version)
 
 

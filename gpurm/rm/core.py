@@ -61,7 +61,7 @@ from gpurm.rm.model import (
 from gpurm.rm.nodes import NodeRegistry
 from gpurm.rm.queuebook import QueueBook
 from gpurm.rm.reclaim import Reclaims
-from gpurm.rm.scheduler import App, Ask, Grant, Scheduler, subtract_grants
+from gpurm.rm.scheduler import App, Ask, Grant, Scheduler, shaped_asks, subtract_grants
 from gpurm.rm.standing import Standings
 from gpurm.rm.stops import StopBook, StopOrder
 
@@ -220,7 +220,7 @@ class RMCore:
         self.jobs[job.job_id] = job
         if submit_id:
             self.submit_ids[submit_id] = job.job_id
-        self.queues.want(queue, spec.gpus)
+        self.queues.want(queue, spec.gpu_amount)
         self.ams.want(job)
         self._job_changed(job)
         self.ams.launch(now)
@@ -258,7 +258,7 @@ class RMCore:
         job.waiting_reason = ""
         if state in (JobState.SUCCEEDED, JobState.FAILED):
             self._learn_size(job, now)
-        self.queues.want(job.queue, -job.spec.gpus)
+        self.queues.want(job.queue, -job.spec.gpu_amount)
         self.standings.forget(job.job_id)
         if job.admitted:
             self.queues.activate(job.queue, -1)
@@ -505,7 +505,7 @@ class RMCore:
         self.elastic.ended(c)
         job_of = self.jobs.get(c.job_id)
         if c.kind is ContainerKind.LEARNER and job_of is not None:
-            self.queues.charge(job_of.queue, job_of.user, -c.gpus)
+            self.queues.charge(job_of.queue, job_of.user, -c.amount)
         self.reclaims.ended(c, now)
         self._container_changed(c)
         self.stop_orders.ended(c.container_id)
@@ -625,6 +625,7 @@ class RMCore:
             # it) whose ends it has already seen: those ends are owed to the AM too.
             queued = {c.container_id for c in app.completed} | app.delivered
             app.completed += [c for c in self._ended_learners(job) if c.container_id not in queued]
+        asks = shaped_asks(asks, job.spec.gpu_share_milli)
         unseen = [(g.node_id, self.cluster.nodes[g.node_id].rack, len(g.gpu_indices)) for g in app.pending_grants]
         growth = [a for a in asks if a.elastic]
         if growth or job_id in self.elastic.growth:
@@ -742,7 +743,7 @@ class RMCore:
         self._add_container(Container(container_id=g.container_id, job_id=g.job_id, kind=ContainerKind.LEARNER,
                                       node_id=g.node_id, gpu_indices=list(g.gpu_indices),
                                       attempt=attempt.number if attempt else 1, created=now, user=job.user,
-                                      preemptible=g.preemptible, elastic=elastic))
+                                      preemptible=g.preemptible, elastic=elastic, share_milli=g.share_milli))
         self.apps[g.job_id].pending_grants.append(g)
 
     def _elastic_pass(self, now: float) -> list[Grant]:

@@ -36,7 +36,8 @@ class Credentials:
         payload = pb.ContainerTokenPayload(
             container_id=c.container_id, job_id=c.job_id, node_id=c.node_id, gpu_indices=c.gpu_indices,
             kind=pb.CONTAINER_AM if c.kind is ContainerKind.AM else pb.CONTAINER_LEARNER, user=c.user,
-            expiry_ms=round(expiry * 1000), attempt=c.attempt, purpose=purpose, rightsize=rightsize)
+            expiry_ms=round(expiry * 1000), attempt=c.attempt, purpose=purpose, rightsize=rightsize,
+            gpu_share_milli=c.share_milli)
         if purpose == pb.TOKEN_CONTAINER:
             self._signed[c.container_id] = expiry
         return sign_container(payload, self.node_key(c.node_id))

@@ -345,7 +345,7 @@ class RMShell:
         return pb.ContainerGrant(container_id=c.container_id, node_id=c.node_id, host=node.host,
                                  agent_port=node.port, gpu_indices=c.gpu_indices,
                                  token=self.sign(c, self.core.settings.token_ttl_s), preemptible=c.preemptible,
-                                 rack=node.rack, attempt=c.attempt)
+                                 rack=node.rack, attempt=c.attempt, gpu_share_milli=c.share_milli)
 
     def record_usage(self, beat: pb.NodeHeartbeat) -> None:
         for u in beat.usage:

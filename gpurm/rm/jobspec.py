@@ -19,6 +19,7 @@ from gpurm.queues.fields import ConfigError, Problems, Reader
 
 DEFAULT_MAX_RETRIES = 3
 MAX_GPUS_PER_JOB = 4096
+MAX_GPU_SHARE = 100             # gpu_share: N -- at most this many jobs on one GPU (a share of at least 0.01)
 MAX_COMMAND_ARGS = 65536
 MAX_COMMAND_BYTES = 1 << 20     # the kernel takes about 2 MiB of argv and environment together
 MAX_ENV_VARS = 1024
@@ -101,10 +102,21 @@ class JobSpec:
     locality: Locality = field(default_factory=Locality)
     placement: Placement = Placement.PACK
     max_gpus: int = 0            # elastic: may grow up to this many GPUs; 0 = rigid (exactly `gpus`)
+    gpu_share_milli: int = 0     # shared GPU: this job's thousandths of one GPU (gpus: 0.5 -> 500); 0 = whole GPUs
 
     @property
     def elastic(self) -> bool:
         return self.max_gpus > self.gpus
+
+    @property
+    def shared(self) -> bool:
+        """A job below one GPU (`gpus: 0.5` or `gpu_share: N`): it shares one GPU with other such jobs."""
+        return self.gpu_share_milli > 0
+
+    @property
+    def gpu_amount(self) -> float:
+        """What the job counts for in the fair share: its GPUs, or its fraction of one for a shared job."""
+        return self.gpu_share_milli / 1000 if self.shared else float(self.gpus)
 
     @property
     def most_gpus(self) -> int:
@@ -113,7 +125,9 @@ class JobSpec:
 
     @property
     def gpus_text(self) -> str:
-        """`4`, or `4:16` for an elastic job (the form `--gpus` takes)."""
+        """`4`, `4:16` for an elastic job, `0.5` for a shared one (the forms `--gpus` takes)."""
+        if self.shared:
+            return share_text(self.gpu_share_milli)
         return f"{self.gpus}:{self.max_gpus}" if self.elastic else str(self.gpus)
 
     @property
@@ -124,6 +138,11 @@ class JobSpec:
         import shlex
 
         return shlex.join(self.command)
+
+
+def share_text(milli: int) -> str:
+    """Thousandths of a GPU as a user writes them: 500 -> `0.5`, 250 -> `0.25`."""
+    return f"{milli / 1000:.3f}".rstrip("0").rstrip(".")
 
 
 def shell_command(text: str) -> list[str]:
@@ -164,14 +183,16 @@ def spec_from_mapping(data: Any, source: str = "job", base_dir: str | None = Non
             g.error("max", "is required for an elastic job (gpus: {min: 4, max: 16}); for a fixed size write gpus: 4")
             spec.max_gpus = spec.gpus
         g.reject_unknown()
-    elif isinstance(r.raw("gpus"), str):
+    elif isinstance(r.raw("gpus"), str | float):
         try:
-            spec.gpus, spec.max_gpus = parse_gpus(str(r.raw("gpus")))
+            spec.gpus, spec.max_gpus, spec.gpu_share_milli = parse_gpus_text(str(r.raw("gpus")))
         except ValueError as exc:
             r.error("gpus", str(exc))
             spec.gpus = 1
-    else:
+    elif r.raw("gpus") is not None or r.raw("gpu_share") is None:
         spec.gpus = r.integer("gpus", minimum=1)
+    if r.raw("gpu_share") is not None:
+        _read_gpu_share(r, spec)
     raw_cmd = r.raw("command")
     if raw_cmd is None:
         r.error("command", "is required: a string (run with /bin/sh -c) or a list (run as is)")
@@ -219,14 +240,53 @@ def spec_from_mapping(data: Any, source: str = "job", base_dir: str | None = Non
 
 def parse_gpus(text: str) -> tuple[int, int]:
     """`4` -> (4, 0); `4:16` -> (4, 16), an elastic job of 4 to 16 GPUs. ValueError saying the form."""
+    gpus, most, milli = parse_gpus_text(text)
+    if milli:
+        raise ValueError(f"must be a whole number of GPUs here; got {_clip(text)}")
+    return gpus, most
+
+
+def parse_gpus_text(text: str) -> tuple[int, int, int]:
+    """(gpus, max_gpus, gpu_share_milli): `4` -> (4, 0, 0); `4:16` -> (4, 16, 0), an elastic job of 4 to 16 GPUs;
+    `0.5` -> (1, 0, 500), half of one shared GPU. ValueError saying the forms."""
     lo, sep, hi = text.strip().partition(":")
+    if not sep and "." in lo:
+        return 1, 0, share_milli(lo)
     try:
         low = int(lo)
         high = int(hi) if sep else 0
     except ValueError:
-        raise ValueError(f"must be an integer like 4, or min:max like 4:16 for an elastic job; got "
-                         f"{_clip(text)}") from None
-    return low, high
+        raise ValueError(f"must be an integer like 4, min:max like 4:16 for an elastic job, or a fraction like 0.5 "
+                         f"of one shared GPU; got {_clip(text)}") from None
+    return low, high, 0
+
+
+def share_milli(text: str) -> int:
+    """A fraction of one GPU (`0.5`) in thousandths (500); ValueError when it is not a fraction between 0 and 1
+    with at most three decimals."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"must be a fraction of one GPU like 0.5; got {_clip(text)}") from None
+    milli = round(value * 1000)
+    if not 0 < value < 1:
+        raise ValueError(f"a fraction of a GPU must be between 0 and 1 (e.g. 0.5); for one GPU or more ask for whole "
+                         f"GPUs (gpus: 2); got {_clip(text)}")
+    if abs(value * 1000 - milli) > 1e-6 or milli < 1:
+        raise ValueError(f"a fraction of a GPU has at most three decimals (e.g. 0.25); got {_clip(text)}")
+    return milli
+
+
+def _read_gpu_share(r: Reader, spec: JobSpec) -> None:
+    """`gpu_share: N`: one of N jobs sharing one GPU (a 1/N share); `gpus` may then be left out or be 1."""
+    n = r.integer("gpu_share", minimum=2)
+    if n > MAX_GPU_SHARE:
+        r.error("gpu_share", f"at most {MAX_GPU_SHARE} jobs share one GPU, got {n}")
+        return
+    if spec.gpu_share_milli or spec.elastic or (r.raw("gpus") is not None and spec.gpus != 1):
+        r.error("gpu_share", "goes with one GPU only: leave gpus out (or write gpus: 1), or write gpus: 0.5 alone")
+        return
+    spec.gpus, spec.gpu_share_milli = 1, 1000 // n
 
 
 def _level(r: Reader, key: str) -> LocalityLevel:
@@ -260,6 +320,14 @@ def validate_spec(spec: JobSpec) -> list[str]:
         out.append(f"gpus: at most {MAX_GPUS_PER_JOB} per job, got {spec.gpus}")
     if spec.max_gpus and not spec.gpus <= spec.max_gpus <= MAX_GPUS_PER_JOB:
         out.append(f"gpus.max: must be between gpus.min ({spec.gpus}) and {MAX_GPUS_PER_JOB}, got {spec.max_gpus}")
+    if spec.gpu_share_milli:
+        if not 0 < spec.gpu_share_milli < 1000:
+            out.append(f"gpus: a shared GPU's fraction must be between 0 and 1, got {spec.gpu_share_milli / 1000:g}")
+        if spec.gpus != 1 or spec.max_gpus:
+            out.append("gpus: a job below one GPU (gpus: 0.5) is one container on one shared GPU: it cannot also "
+                       "ask for several GPUs or be elastic")
+        if spec.placement is not Placement.PACK:
+            out.append("placement: spread needs whole GPUs; a job below one GPU runs on one server")
     if not spec.command or not spec.command[0]:
         out.append("command: is required and must not be empty")
     elif spec.command[:2] == ["/bin/sh", "-c"] and (len(spec.command) < 3 or not spec.command[2].strip()):
@@ -307,6 +375,7 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
     msg = pb.JobSpec(
         name=spec.name, queue=spec.queue, gpus=spec.gpus, command=spec.command, workdir=spec.workdir,
         env=spec.env, max_retries=spec.max_retries, max_gpus=spec.max_gpus if spec.elastic else 0,
+        gpu_share_milli=spec.gpu_share_milli,
         locality=pb.LocalitySpec(
             timeout_ms=round(spec.locality.timeout_s * 1000),
             backoff_base_ms=round(spec.locality.backoff_base_s * 1000),
@@ -361,6 +430,7 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
         locality=loc,
         placement=placement,
         max_gpus=msg.max_gpus,
+        gpu_share_milli=msg.gpu_share_milli,
     )
     problems += validate_spec(spec)
     if problems:

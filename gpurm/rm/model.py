@@ -164,7 +164,13 @@ class Container:
     preempt_deadline: float = 0.0     # set when fair-share preemption takes it back
     preempted_for: str = ""           # the queue it is taken back for
     elastic: bool = False             # growth of an elastic job beyond its minimum (rm/elastic.py)
+    share_milli: int = 0              # a share of its one GPU, in thousandths (0: whole GPUs): see rm/cluster.py
 
     @property
     def gpus(self) -> int:
         return len(self.gpu_indices)
+
+    @property
+    def amount(self) -> float:
+        """What it counts for in its queue's usage: its GPUs, or its fraction of a shared GPU."""
+        return self.share_milli / 1000 if self.share_milli else float(len(self.gpu_indices))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
-from gpurm.rm.cluster import Cluster, Node, NodeState
+from gpurm.rm.cluster import SHARED, Cluster, Node, NodeState
 from gpurm.rm.messages import ErrorCode, NodeRegistration, RequestError
 from gpurm.rm.model import Container
 
@@ -43,7 +43,11 @@ class NodeRegistry:
         for c in live:
             if c.node_id == reg.node_id:
                 for i in c.gpu_indices:
-                    node.allocated[i] = c.container_id
+                    if c.share_milli:
+                        node.allocated[i] = SHARED
+                        node.shared.setdefault(i, {})[c.container_id] = c.share_milli
+                    else:
+                        node.allocated[i] = c.container_id
         self.cluster.upsert(node)
         self.node_changed(node.node_id)
         return node

@@ -3,6 +3,7 @@ cluster view, the queue table. Pure functions of the core's records and `now`; t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from gpurm.proto import gpurm_pb2 as pb
@@ -63,8 +64,9 @@ def queues(core: RMCore) -> pb.ListQueuesResponse:
         out.append(pb.QueueInfo(
             path=q.path, weight=q.weight, min_gpus=q.min_gpus,
             max_gpus=-1 if q.max_gpus is None else q.max_gpus, steady_share=shares.steady.get(q.path, 0),
-            instantaneous_share=shares.instantaneous.get(q.path, 0), used_gpus=used,
-            pending_gpus=max(0, book.demand.get(q.path, 0) - used), running_jobs=running, queued_jobs=queued,
+            instantaneous_share=shares.instantaneous.get(q.path, 0), used_gpus=math.floor(used), used=used,
+            pending_gpus=math.floor(max(0.0, book.demand.get(q.path, 0) - used)),
+            pending=max(0.0, book.demand.get(q.path, 0) - used), running_jobs=running, queued_jobs=queued,
             leaf=q.leaf, preemptible=q.effective_preemptible,
             policy=q.effective_policy.value if q.leaf else "",
             max_running_jobs=-1 if q.max_running_jobs is None else q.max_running_jobs,

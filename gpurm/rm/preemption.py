@@ -18,6 +18,7 @@ nobody is preempted.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -98,7 +99,7 @@ def owed(book: QueueBook, shares: Shares, now: float, reclaiming: dict[str, int]
         p = q.preemption
         used = book.used.get(q.path, 0)
         demand = book.demand.get(q.path, 0)
-        want = 0
+        want = 0.0
         reasons = []
         if s.min_since is not None and p.min_share_timeout_s is not None and now - s.min_since >= p.min_share_timeout_s:
             want = max(want, min(q.min_gpus, demand) - used)
@@ -110,7 +111,7 @@ def owed(book: QueueBook, shares: Shares, now: float, reclaiming: dict[str, int]
                            f"{now - s.fair_since:.0f}s")
         want -= reclaiming.get(q.path, 0)
         if want > 0:
-            out[q.path] = (want, " and ".join(reasons))
+            out[q.path] = (math.ceil(want - 1e-9), " and ".join(reasons))
     return out
 
 
@@ -121,7 +122,7 @@ def decide(book: QueueBook, shares: Shares, now: float, candidates: list[Candida
     inst = shares.instantaneous
     decisions: list[Decision] = []
     taken: set[str] = set()
-    left_over: dict[str, int] = {}       # victim queue -> GPUs it may still lose this round
+    left_over: dict[str, float] = {}     # victim queue -> GPUs it may still lose this round
     free = {r.node_id: r.free for r in placement.servers} if placement is not None else {}
     for path, (want, why) in owed(book, shares, now, reclaiming).items():
         q = book.tree.by_path[path]
@@ -161,7 +162,7 @@ def decide(book: QueueBook, shares: Shares, now: float, candidates: list[Candida
 
 
 def _placed_victims(book: QueueBook, inst: Mapping[str, int], path: str, want: int, candidates: list[Candidate],
-                    taken: set[str], left_over: dict[str, int], placement: Placement,
+                    taken: set[str], left_over: dict[str, float], placement: Placement,
                     free: dict[str, int]) -> list[Candidate]:
     """The victims for one starving queue, made room for job by job (module doc); updates `taken`, `left_over`
     and `free` (the rooms made are spoken for)."""
@@ -191,7 +192,7 @@ def _placed_victims(book: QueueBook, inst: Mapping[str, int], path: str, want: i
             if chosen is None:
                 break
             ids, used_servers = chosen
-            spend: dict[str, int] = {}
+            spend: dict[str, float] = {}
             over = ""
             for job_id in ids:
                 c = by_id[job_id]

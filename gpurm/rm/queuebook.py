@@ -4,6 +4,7 @@ Pure."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -20,9 +21,10 @@ class Starvation:
 class QueueBook:
     def __init__(self, tree: QueueTree) -> None:
         self.tree = tree
-        self.used: dict[str, int] = defaultdict(int)          # every queue, ancestors included
-        self.demand: dict[str, int] = defaultdict(int)        # GPUs of unfinished jobs, per queue and ancestor
-        self.user_used: dict[tuple[str, str], int] = defaultdict(int)   # (leaf, user) -> GPUs
+        # GPU amounts are floats: a job below one GPU counts by its fraction (see tidy).
+        self.used: dict[str, float] = defaultdict(float)      # every queue, ancestors included
+        self.demand: dict[str, float] = defaultdict(float)    # GPUs of unfinished jobs, per queue and ancestor
+        self.user_used: dict[tuple[str, str], float] = defaultdict(float)   # (leaf, user) -> GPUs
         self.jobs_active: dict[str, int] = defaultdict(int)   # jobs with an AM or GPUs, per queue and ancestor
         self.starvation: dict[str, Starvation] = defaultdict(Starvation)
         self._capacity = -1
@@ -32,21 +34,22 @@ class QueueBook:
         self.ranked = self._ranked()
 
     # -- accounting (the core calls these on every change)
-    def charge(self, leaf: str, user: str, gpus: int) -> None:
+    def charge(self, leaf: str, user: str, gpus: float) -> None:
         """GPUs granted (positive) or freed (negative) to a job of `user` in `leaf`."""
         q = self.tree.by_path.get(leaf)
         self.version += 1
-        self.user_used[(leaf, user)] += gpus
+        key = (leaf, user)
+        self.user_used[key] = tidy(self.user_used[key] + gpus)
         for a in q.ancestry() if q is not None else ():
-            self.used[a.path] += gpus
+            self.used[a.path] = tidy(self.used[a.path] + gpus)
 
-    def want(self, leaf: str, gpus: int) -> None:
+    def want(self, leaf: str, gpus: float) -> None:
         """A job of `gpus` GPUs entered (positive) or left (negative) the queue's demand."""
         q = self.tree.by_path.get(leaf)
         self.version += 1
         before = self.demand.get(leaf, 0) > 0
         for a in q.ancestry() if q is not None else ():
-            self.demand[a.path] += gpus
+            self.demand[a.path] = tidy(self.demand[a.path] + gpus)
         if (self.demand.get(leaf, 0) > 0) != before:
             self._shares = None            # the set of active queues changed: instantaneous shares move
 
@@ -61,7 +64,7 @@ class QueueBook:
         """Fair shares, recomputed only when capacity, the set of queues with demand or the tree changed."""
         if self._shares is None or capacity != self._capacity:
             self._capacity = capacity
-            leaf_demand = {q.path: self.demand.get(q.path, 0) for q in self.tree.leaves}
+            leaf_demand = {q.path: math.ceil(self.demand.get(q.path, 0)) for q in self.tree.leaves}
             self._shares = compute_shares(self.tree.share_tree(leaf_demand), capacity)
         return self._shares
 
@@ -94,7 +97,7 @@ class QueueBook:
             return float("inf") if used else 1e9
         return used / share
 
-    def over_cap(self, leaf: QueueDef, user: str, gpus: int) -> str:
+    def over_cap(self, leaf: QueueDef, user: str, gpus: float) -> str:
         """Why granting `gpus` more to a job of `user` in `leaf` would break a limit ("" if it would not)."""
         for q in leaf.ancestry():
             if q.max_gpus is not None and self.used.get(q.path, 0) + gpus > q.max_gpus:
@@ -115,3 +118,9 @@ class QueueBook:
         self.jobs_active.clear()
         self.starvation.clear()
         self.invalidate()
+
+
+def tidy(amount: float) -> float:
+    """A GPU amount after a sum: shares are thousandths, so round away the binary fractions' error (0.1 + 0.2 -
+    0.3 must be 0, or an idle queue would look active)."""
+    return round(amount, 6)

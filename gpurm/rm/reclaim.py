@@ -111,8 +111,8 @@ class Reclaims:
         candidates = []
         for job_id, held in holding.items():
             job = self.jobs[job_id]
-            if job.state.terminal or job_id in busy:
-                continue
+            if job.state.terminal or job_id in busy or job.spec.shared:
+                continue          # a share frees no whole GPU: jobs below one GPU are not taken back (docs/jobs.md)
             candidates.append(preemption.Candidate(job_id, job.queue, sum(c.gpus for c in held),
                                                    max(c.created for c in held), job.seq))
         decisions = preemption.decide(book, shares, now, candidates, reclaiming, self.placement(holding))

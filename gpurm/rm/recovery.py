@@ -28,10 +28,11 @@ def load(jobs: Iterable[Job], containers: Iterable[Container], nodes: Iterable[N
         node.last_heartbeat = now
         node.session = ""
         node.allocated = {}          # rebuilt below from the live containers
+        node.shared = {}
         cluster.upsert(node)
     for c in index.live.values():
         if c.node_id in cluster.nodes:
-            cluster.allocate(c.node_id, c.gpu_indices, c.container_id)
+            cluster.hold(c.node_id, c.gpu_indices, c.container_id, c.share_milli)
 
 
 def readmit(jobs: dict[str, Job], live: dict[str, Container], ams: AMLauncher, am_up: Callable[[Job], None]) -> None:
@@ -56,11 +57,11 @@ def rebuild_queue_book(book: QueueBook, jobs: dict[str, Job], containers: dict[s
     for job in jobs.values():
         if job.state.terminal:
             continue
-        book.want(job.queue, job.spec.gpus)
+        book.want(job.queue, job.spec.gpu_amount)
         if job.admitted:
             book.activate(job.queue, 1)
     for c in containers.values():
         owner = jobs.get(c.job_id)
         if c.phase.live and c.kind is ContainerKind.LEARNER and owner is not None:
-            book.charge(owner.queue, owner.user, c.gpus)
+            book.charge(owner.queue, owner.user, c.amount)
     book.invalidate()

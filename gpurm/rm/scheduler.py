@@ -38,6 +38,12 @@ class Ask:
     rack: str = ""
     preferred: tuple[int, ...] = ()
     elastic: bool = False         # growth of a running elastic job (rm/elastic.py), not part of its gang
+    share_milli: int = 0          # a share of one GPU (thousandths; gpus is 1): see Cluster.place_share
+
+    @property
+    def amount(self) -> float:
+        """What one container of this ask counts for in its queue's usage."""
+        return self.share_milli / 1000 if self.share_milli else float(self.gpus)
 
     def matches(self, node_id: str, rack: str, gpus: int) -> bool:
         if gpus != self.gpus or self.count <= 0:
@@ -61,8 +67,8 @@ class App:
     blocked: str = ""             # why the last pass could not grant its next ask, when the reason is the RM's
 
     @property
-    def demand(self) -> int:
-        return sum(a.gpus * a.count for a in self.asks)
+    def demand(self) -> float:
+        return sum(a.amount * a.count for a in self.asks)
 
 
 @dataclass
@@ -72,11 +78,16 @@ class Grant:
     node_id: str
     gpu_indices: list[int]
     preemptible: bool = False
+    share_milli: int = 0          # a share of its one GPU (thousandths), 0 for whole GPUs
+
+    @property
+    def amount(self) -> float:
+        return self.share_milli / 1000 if self.share_milli else float(len(self.gpu_indices))
 
 
 def subtract_grants(asks: list[Ask], grants: Iterable[tuple[str, str, int]]) -> list[Ask]:
     """Asks minus grants the AM has not seen yet (node, rack, gpus): an AM's asks never count them twice."""
-    out = [Ask(a.gpus, a.count, a.node_id, a.rack, a.preferred, a.elastic) for a in asks]
+    out = [Ask(a.gpus, a.count, a.node_id, a.rack, a.preferred, a.elastic, a.share_milli) for a in asks]
     for node_id, rack, gpus in grants:
         # A node-specific ask is the closer match; fall back to a rack or anywhere ask.
         for a in sorted(out, key=lambda a: (not a.node_id, not a.rack)):
@@ -84,6 +95,17 @@ def subtract_grants(asks: list[Ask], grants: Iterable[tuple[str, str, int]]) -> 
                 a.count -= 1
                 break
     return [a for a in out if a.count > 0]
+
+
+def shaped_asks(asks: list[Ask], share_milli: int) -> list[Ask]:
+    """An AM's asks as its job's spec allows them, whatever the AM sent: a job below one GPU (`share_milli` > 0)
+    asks for at most one share of that size of one GPU; a whole-GPU job's asks carry no share."""
+    if share_milli:
+        gang = [a for a in asks if not a.elastic]
+        return [Ask(1, 1, gang[0].node_id, gang[0].rack, share_milli=share_milli)] if gang else []
+    if any(a.share_milli for a in asks):
+        return [Ask(a.gpus, a.count, a.node_id, a.rack, a.preferred, a.elastic) for a in asks]
+    return asks
 
 
 def policy_key(policy: Policy, now: float, thresholds: tuple[float, ...] = LAS_THRESHOLDS_GPU_S,
@@ -180,7 +202,7 @@ class Scheduler:
                 gpus = len(grant.gpu_indices)
                 if self.reserved.get(path):
                     self.reserved[path] = max(0, self.reserved[path] - gpus)
-                self.book.charge(path, app.user, gpus)
+                self.book.charge(path, app.user, grant.amount)
                 app.held_gpus += gpus
                 if self.book.used[path] >= shares.instantaneous.get(path, 0):
                     waiting.discard(path)
@@ -196,11 +218,11 @@ class Scheduler:
     def _grant_next(self, app: App, leaf: QueueDef, waiting: set[str], inst: dict[str, int],
                     steady: dict[str, int], new_id: Callable[[str], str]) -> Grant | None:
         ask = app.asks[0]
-        limit = self.book.over_cap(leaf, app.user, ask.gpus)
+        limit = self.book.over_cap(leaf, app.user, ask.amount)
         if limit:
             app.blocked = limit
             return None
-        used_after = self.book.used.get(leaf.path, 0) + ask.gpus
+        used_after = self.book.used.get(leaf.path, 0) + ask.amount
         incomplete = ask.count > 1 or len(app.asks) > 1          # more of its gang would still be missing
         if incomplete and used_after > inst.get(leaf.path, 0) and len(waiting) > (leaf.path in waiting):
             others = [p for p in sorted(waiting)[:4] if p != leaf.path][:3]
@@ -212,6 +234,9 @@ class Scheduler:
         if held_for_others > 0 and self.cluster.free_gpus - ask.gpus < held_for_others:
             app.blocked = "idle GPUs are held for a queue that preemption took them back for"
             return None
+        if ask.share_milli:
+            return self._grant_share(app, ask, leaf.effective_preemptible and used_after > steady.get(leaf.path, 0),
+                                     new_id)
         if ask.node_id:
             if self.cluster.free(ask.node_id) < ask.gpus:
                 return None                    # the usual case on a busy cluster: answered by the index
@@ -231,6 +256,19 @@ class Scheduler:
             preemptible = leaf.effective_preemptible and used_after > steady.get(leaf.path, 0)
             return Grant(app.job_id, cid, node.node_id, indices, preemptible)
         return None
+
+    def _grant_share(self, app: App, ask: Ask, preemptible: bool, new_id: Callable[[str], str]) -> Grant | None:
+        """A container of a job below one GPU: on a shared GPU with room, else on a free GPU that becomes shared."""
+        where = self.cluster.place_share(ask.share_milli, ask.rack, ask.node_id)
+        if where is None:
+            return None
+        node, index = where
+        cid = new_id(app.job_id)
+        self.cluster.allocate_share(node.node_id, index, ask.share_milli, cid)
+        ask.count -= 1
+        if ask.count <= 0:
+            app.asks.pop(0)
+        return Grant(app.job_id, cid, node.node_id, [index], preemptible, ask.share_milli)
 
 
 def tree_short(path: str) -> str:

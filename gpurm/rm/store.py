@@ -28,7 +28,8 @@ STORED_FIELD_TYPES: FieldTypes = {
     Attempt: {"learners": list[Learner]},
     Learner: {"gpu_indices": list[int]},
     Container: {"gpu_indices": list[int]},
-    Node: {"gpus": dict[int, GpuRecord], "allocated": dict[int, str], "islands": list[list[int]],
+    Node: {"gpus": dict[int, GpuRecord], "allocated": dict[int, str], "shared": dict[int, dict[str, int]],
+           "islands": list[list[int]],
            "unreachable_since": float | None},
     GpuRecord: {"links": list[tuple[int, int, int]]},
 }

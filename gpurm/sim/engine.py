@@ -187,7 +187,7 @@ class Engine:
         self.results: list[JobResult] = []
         self.rejected: list[str] = []
         self.timeline = Timeline(times=[], allocated=[], per_queue={q.path: [] for q in tree.leaves})
-        self._last_used: tuple[int, ...] | None = None
+        self._last_used: tuple[float, ...] | None = None
         self._view: View | None = None
         self._view_version = -1
         self._server_views: dict[str, ServerView] = {}

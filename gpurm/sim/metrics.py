@@ -136,8 +136,8 @@ class Timeline:
     """
 
     times: list[float] = field(default_factory=list)
-    allocated: list[int] = field(default_factory=list)
-    per_queue: dict[str, list[int]] = field(default_factory=dict)
+    allocated: list[float] = field(default_factory=list)     # GPUs (a job below one GPU counts its fraction)
+    per_queue: dict[str, list[float]] = field(default_factory=dict)
     # Fairness: seconds each leaf queue spent below its instantaneous fair share while it wanted more GPUs than
     # it had (the RM's `QueueBook.waiting`), and the set below it since `_below_since`.
     below_share_s: dict[str, float] = field(default_factory=dict)
@@ -158,7 +158,7 @@ class Timeline:
             self.below_share_s[name] = self.below_share_s.get(name, 0.0) + max(0.0, now - self._below_since)
         self._below_since = now
 
-    def record(self, now: float, per_queue: Mapping[str, int]) -> None:
+    def record(self, now: float, per_queue: Mapping[str, float]) -> None:
         """Append the allocation per queue at `now` (queues not named hold 0).
 
         Several changes at one instant keep only the last, so the step function has no zero-width steps.
@@ -189,7 +189,7 @@ class Timeline:
         return {q: _step_integral(self.times, v, start, end) for q, v in self.per_queue.items()}
 
 
-def _step_integral(times: Sequence[float], values: Sequence[int], start: float, end: float) -> float:
+def _step_integral(times: Sequence[float], values: Sequence[float], start: float, end: float) -> float:
     if not times or end <= start:
         return 0.0
     total = 0.0

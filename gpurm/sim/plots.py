@@ -190,7 +190,7 @@ def _time_unit(seconds: float) -> tuple[str, float]:
 # ------------------------------------------------------------------------------------------- timelines
 
 
-def _resample(times: Sequence[float], series: Sequence[Sequence[int]], end: float,
+def _resample(times: Sequence[float], series: Sequence[Sequence[float]], end: float,
               max_points: int = MAX_POINTS) -> tuple[np.ndarray, list[np.ndarray]]:
     """Step-function series on at most `max_points` steps: (x, ys) to draw with steps-post.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import statistics
 import sys
@@ -77,8 +78,8 @@ def main() -> int:
     for leaf in leaves[::2]:
         book.want(leaf, 8)
     capacity = args.nodes * 8
-    share_times = timed(lambda: compute_shares(tree.share_tree({p: book.demand[p] for p in leaves}), capacity),
-                        args.repeat)
+    demand = {p: math.ceil(book.demand[p]) for p in leaves}
+    share_times = timed(lambda: compute_shares(tree.share_tree(demand), capacity), args.repeat)
 
     # Pass 1: an idle cluster, every job's asks fit somewhere: thousands of grants in one pass.
     results = {}

@@ -34,7 +34,7 @@ def test_elastic_spec_from_yaml_flags_and_the_wire() -> None:
     ("gpus: {min: 8, max: 4}\ncommand: x\n", "gpus.max: must be between gpus.min (8)"),
     ("gpus: {min: 4}\ncommand: x\n", "gpus.max: is required"),
     ("gpus: {min: 4, max: 8, most: 9}\ncommand: x\n", "gpus.most: unknown field"),
-    ("gpus: 'four:8'\ncommand: x\n", "gpus: must be an integer like 4, or min:max"),
+    ("gpus: 'four:8'\ncommand: x\n", "gpus: must be an integer like 4, min:max like 4:16"),
 ])
 def test_bad_elastic_specs_name_the_field(text: str, needle: str) -> None:
     with pytest.raises(ConfigError) as info:
