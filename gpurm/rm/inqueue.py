@@ -131,7 +131,9 @@ class InQueuePreemption:
                 for s in candidates:         # they all fit in the idle GPUs: their AMs are told to look now
                     self.nudged[s.job_id] = None
                 continue
-            running = [self.standings.standing(self.jobs[j], now) for j in old_enough]
+            # A job below one GPU is no victim: stopping it frees a share, rarely a whole GPU.
+            running = [self.standings.standing(self.jobs[j], now) for j in old_enough
+                       if not self.jobs[j].spec.shared]
             if servers is None:
                 servers = self.rooms()
             held: dict[str, dict[str, int]] = {}

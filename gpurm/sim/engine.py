@@ -290,7 +290,7 @@ class Engine:
     def arrive(self, tj: TraceJob, now: float) -> None:
         spec = JobSpec(gpus=tj.gpus, command=["sim"], name=tj.name or tj.job_id, queue=tj.queue,
                        max_retries=self.options.max_retries, locality=self.job_locality(tj), placement=tj.placement,
-                       max_gpus=tj.max_gpus)
+                       max_gpus=tj.max_gpus, gpu_share_milli=tj.gpu_share_milli)
         try:
             # ACLs are not checked: a trace's users are not this cluster's users.
             job = self.core.submit(spec, tj.user or "sim", now, submit_id=tj.job_id, check_acl=False)

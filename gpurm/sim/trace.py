@@ -37,12 +37,13 @@ Formats (`--format`):
     `locality` are optional; other keys are rejected (a typo must not pass silently). `locality` is the job
     file's (docs/jobs.md): a mode (`"strict"`, `"prefer"`, `"any"`) or a mapping of `mode`, `start_level`,
     `timeout`, `backoff_base` and `backoff_max`; what it leaves out is the run's default. `placement` is the job
-    file's too: `"pack"` (the default) or `"spread"`. Blank lines and lines starting with `#` are ignored.
+    file's too: `"pack"` (the default) or `"spread"`. `gpus` may also be a fraction below one (`0.5`): a job on
+    a share of one GPU, as the job file's `gpus: 0.5`. Blank lines and lines starting with `#` are ignored.
 
-Rules shared by all formats: `gpus` is an integer >= 1; a negative duration is an error, a duration of 0 is
-kept as 1 s and listed in `Trace.fixed` (the simulator needs positive run times; the real Philly table has no
-such rows); job ids are unique; a queue name is dot-separated segments of `[A-Za-z0-9_-]`
-(`research.nlp` names a nested leaf queue).
+Rules shared by all formats: `gpus` is an integer >= 1 (jsonl also takes a fraction of one GPU); a negative
+duration is an error, a duration of 0 is kept as 1 s and listed in `Trace.fixed` (the simulator needs positive
+run times; the real Philly table has no such rows); job ids are unique; a queue name is dot-separated segments
+of `[A-Za-z0-9_-]` (`research.nlp` names a nested leaf queue).
 
 Window (`--window START,END`): jobs submitted in [START, END) are kept and re-based so the first kept job
 submits at 0. For formats with dates (`philly-csv`, `philly-joblog`) a bound is a date/time (`2017-10-03`,
@@ -67,7 +68,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpurm.queues.fields import parse_duration
-from gpurm.rm.jobspec import Locality, LocalityLevel, LocalityMode, Placement
+from gpurm.rm.jobspec import Locality, LocalityLevel, LocalityMode, Placement, share_milli
 
 FORMATS = ("philly-csv", "philly-joblog", "tiresias", "jsonl")
 DEFAULT_QUEUE = "default"
@@ -125,6 +126,7 @@ class TraceJob:
     locality: TraceLocality | None = None   # the job's own locality settings (jsonl only); None: the run's
     placement: Placement = Placement.PACK   # the job file's `placement` (jsonl only)
     max_gpus: int = 0                       # elastic: grows up to this many GPUs (0: rigid; see make_elastic)
+    gpu_share_milli: int = 0                # below one GPU (jsonl `gpus: 0.5`): thousandths of one shared GPU
 
 
 @dataclass
@@ -138,7 +140,8 @@ class Trace:
 
     def gpu_seconds(self) -> float:
         """Offered work: the sum of gpus x duration over the jobs."""
-        return math.fsum(j.gpus * j.duration_s for j in self.jobs)
+        return math.fsum((j.gpu_share_milli / 1000 if j.gpu_share_milli else j.gpus) * j.duration_s
+                         for j in self.jobs)
 
     @property
     def span_s(self) -> float:
@@ -163,6 +166,7 @@ class _Raw:
     name: str
     locality: TraceLocality | None = None
     placement: Placement = Placement.PACK
+    gpu_share_milli: int = 0
 
 
 @dataclass
@@ -271,7 +275,7 @@ def _finish(read: _Read, source: str, fmt: str, has_dates: bool, window: tuple[s
     base = min(r.at for r in kept)
     kept.sort(key=lambda r: (r.at, r.line))
     jobs = [TraceJob(r.job_id, r.at - base, r.gpus, r.duration_s, r.queue, r.user, r.name, r.line,
-                     locality=r.locality, placement=r.placement) for r in kept]
+                     locality=r.locality, placement=r.placement, gpu_share_milli=r.gpu_share_milli) for r in kept]
 
     def inside(items: list[tuple[float | None, int, str]]) -> list[tuple[int, str]]:
         # Notes about jobs outside the window would be noise; those without a known time are always kept.
@@ -471,7 +475,8 @@ def _read_jsonl(f: IO[str], source: str) -> _Read:
             if key not in obj:
                 raise TraceError(source, line, key, "is required")
         at = _seconds(obj["submit"], source, line, "submit")
-        gpus = _gpus(obj["gpus"], source, line, "gpus")
+        share = _share(obj["gpus"], source, line)
+        gpus = 1 if share else _gpus(obj["gpus"], source, line, "gpus")
         duration = _duration(_seconds(obj["duration"], source, line, "duration"), source, line, "duration", read,
                              at)
         job_id = _text(obj.get("id", f"t{line}"), source, line, "id", allow_int=True)
@@ -482,8 +487,18 @@ def _read_jsonl(f: IO[str], source: str) -> _Read:
         placement = _placement(obj["placement"], source, line) if "placement" in obj else Placement.PACK
         read.jobs.append(_Raw(at, line, job_id, gpus, duration, queue, _text(obj.get("user", ""), source, line,
                                                                               "user"),
-                              _text(obj.get("name", ""), source, line, "name"), locality, placement))
+                              _text(obj.get("name", ""), source, line, "name"), locality, placement, share))
     return read
+
+
+def _share(value: object, source: str, line: int) -> int:
+    """A jsonl job's `gpus` below one (0.5): its thousandths of one shared GPU; 0 for whole GPUs."""
+    if not isinstance(value, float):
+        return 0
+    try:
+        return share_milli(str(value))
+    except ValueError as exc:
+        raise TraceError(source, line, "gpus", str(exc)) from None
 
 
 def _placement(value: object, source: str, line: int) -> Placement:

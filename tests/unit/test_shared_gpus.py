@@ -4,6 +4,7 @@ clock, no sockets."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,15 @@ from gpurm.nodeagent.launch import mps_pipe_dir, share_env
 from gpurm.nodeagent.records import ContainerRecord
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.queues.fields import ConfigError
+from gpurm.queues.tree import Policy
 from gpurm.rm.cluster import SHARED
 from gpurm.rm.core import RMCore
 from gpurm.rm.jobspec import JobSpec, parse_gpus_text, parse_job_yaml, spec_from_proto, spec_to_proto
 from gpurm.rm.scheduler import Ask
+from gpurm.sim.clusterspec import parse_cluster
+from gpurm.sim.engine import Engine, SimOptions
+from gpurm.sim.run import trace_tree
+from gpurm.sim.trace import TraceError, load_trace
 from tests.unit.test_rm_core import cluster, launched, restarted, running
 
 # ---------------------------------------------------------------- spec
@@ -205,3 +211,27 @@ def test_a_shared_containers_environment_names_its_share_and_mps_limits(tmp_path
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path)
+
+
+# ---------------------------------------------------------------- simulator
+
+
+def test_the_simulator_runs_shares_side_by_side_and_keeps_whole_jobs_off_them(tmp_path: Path) -> None:
+    jobs = [{"id": f"s{i}", "submit": 0, "gpus": 0.5, "duration": 100} for i in range(4)]
+    jobs.append({"id": "W", "submit": 1, "gpus": 2, "duration": 100})
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(j) + "\n" for j in jobs))
+    trace = load_trace(path, "jsonl")
+    assert [j.gpu_share_milli for j in trace.jobs][:4] == [500] * 4 and trace.gpu_seconds() == 400.0
+    result = Engine(trace, parse_cluster("1x1x2"), trace_tree(trace.queues()), SimOptions(policy=Policy.FIFO)).run()
+    by_id = {r.job_id: r for r in result.results}
+    assert [by_id[f"s{i}"].start_s for i in range(4)] == [0.0] * 4    # four halves on two GPUs at once
+    assert by_id["W"].start_s is not None and by_id["W"].start_s >= 100.0   # waits for whole GPUs
+
+
+def test_a_bad_fraction_in_a_trace_names_the_line_and_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"submit": 0, "gpus": 1, "duration": 60}\n{"submit": 0, "gpus": 1.5, "duration": 60}\n')
+    with pytest.raises(TraceError) as err:
+        load_trace(path, "jsonl")
+    assert (err.value.line, err.value.field) == (2, "gpus") and "between 0 and 1" in err.value.reason
