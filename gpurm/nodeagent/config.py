@@ -46,6 +46,7 @@ DEFAULT_ENV_PASSTHROUGH = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "LD_LIBRARY
 DEFAULT_LOG_MAX_SIZE = 100 * 1024 * 1024
 DEFAULT_GPU_MODEL = "H100-80GB"
 DEFAULT_GPU_MEMORY_MIB = 81559
+DEFAULT_METRICS_LISTEN = "127.0.0.1:0"   # loopback, any free port: the RM learns it at registration
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?$")
@@ -75,6 +76,7 @@ class HealthConfig:
 class TelemetryConfig:
     interval_s: float = 5.0           # 0 = no telemetry
     container_interval_s: float = 15.0  # per-container CPU / memory / GPU series (nodeagent/series.py); 0 = off
+    metrics_listen: str = DEFAULT_METRICS_LISTEN  # HOST:PORT of the Prometheus exporter (port 0 = any); "" = off
 
 
 @dataclass(frozen=True)
@@ -316,6 +318,14 @@ def _health(h: Reader) -> HealthConfig:
 def _telemetry(t: Reader) -> TelemetryConfig:
     interval = t.duration("interval", 5.0)
     container_interval = t.duration("container_interval", 15.0, maximum=86400.0)
+    metrics = t.text("metrics_listen", DEFAULT_METRICS_LISTEN)
+    if metrics.lower() == "off":
+        metrics = ""
+    if metrics:
+        try:
+            parse_address(metrics)
+        except ValueError as exc:
+            t.error("metrics_listen", f"{exc} (or off)")
     t.reject_unknown()
     if interval < 0:
         t.error("interval", "must be 0 (off) or more")
@@ -323,7 +333,7 @@ def _telemetry(t: Reader) -> TelemetryConfig:
     if container_interval < 0 or 0 < container_interval < 0.05:
         t.error("container_interval", "must be 0 (off) or at least 0.05s")
         container_interval = 15.0
-    return TelemetryConfig(interval_s=interval, container_interval_s=container_interval)
+    return TelemetryConfig(interval_s=interval, container_interval_s=container_interval, metrics_listen=metrics)
 
 
 def _containers(c: Reader, euid: int) -> ContainerConfig:

@@ -17,6 +17,7 @@ from pathlib import Path
 from gpurm.nodeagent.config import NO_CREDENTIAL, AgentConfig
 from gpurm.nodeagent.containers import ContainerSupervisor, supervisor_for
 from gpurm.nodeagent.gpus import GpuDevice, GpuDiscoveryError, GpuProvider, make_provider
+from gpurm.nodeagent.metrics import AgentCollector, MetricsServer
 from gpurm.nodeagent.monitor import AgentMonitor
 from gpurm.nodeagent.ports import PortReserver
 from gpurm.nodeagent.private import make_dir, state_dir_mode
@@ -114,7 +115,17 @@ async def _run_with_gpus(cfg: AgentConfig, provider: GpuProvider, gpus: list[Gpu
     def registered(reg: Registration) -> None:
         servicer.token_key = reg.token_key
 
-    tracker = Tracker(cfg, supervisor, gpus, agent_port=port, on_registered=registered)
+    exporter: MetricsServer | None = None
+    if cfg.telemetry.metrics_listen:
+        try:
+            exporter = MetricsServer(AgentCollector(cfg.host, lambda: gpus, lambda: monitor.reading, monitor.tally),
+                                     cfg.telemetry.metrics_listen, cfg.tls)
+        except OSError as exc:
+            log.error("agent %s: %s", cfg.node_id, exc)
+            await server.stop(grace=None)
+            return EXIT_CONFIG
+    tracker = Tracker(cfg, supervisor, gpus, agent_port=port, on_registered=registered,
+                      metrics_port=exporter.port if exporter is not None else 0)
     tracker.decorate = monitor.decorate
     monitor.on_change = tracker.wake
     tasks = [asyncio.create_task(tracker.run(), name="tracker"),
@@ -144,6 +155,8 @@ async def _run_with_gpus(cfg: AgentConfig, provider: GpuProvider, gpus: list[Gpu
         await asyncio.gather(*tasks, return_exceptions=True)
         await tracker.close()
         await monitor.close()
+        if exporter is not None:
+            await asyncio.to_thread(exporter.close)
         await server.stop(grace=1.0)
         await supervisor.close()
         for sig in handled:

@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from gpurm.nodeagent.health import (
     describe_xid,
     interpret_script,
 )
+from gpurm.nodeagent.metrics import GpuReading, GpuTally
 from gpurm.nodeagent.procstats import CpuMeter, Reading, read_container
 from gpurm.nodeagent.records import ContainerRecord
 from gpurm.nodeagent.series import ContainerSeries, series_path
@@ -101,6 +103,8 @@ class AgentMonitor:
         self._phases_at: dict[str, tuple[int, float]] = {}  # (samples, time) when phases were last found
         self._models: dict[str, PhaseModel] = {}           # the latest phases per container
         self.memory_high: dict[str, float] = {}            # `rightsize: on`: the memory.high written, MiB
+        self.tally = GpuTally()                            # XIDs and ECC events, for the Prometheus exporter
+        self.reading = GpuReading()                        # the latest telemetry, for the Prometheus exporter
         self._rightsize_warned: set[str] = set()
 
     # ------------------------------------------------------------------ wiring
@@ -134,6 +138,7 @@ class AgentMonitor:
         return self._apply(events)
 
     def _apply(self, events: Sequence[Any]) -> list[HealthChange]:
+        self.tally.observe(events)
         changes = self.book.observe(events, self.clock())
         for ev in self.book.ignored:
             log.info("GPU %d: %s (not a hardware fault: GPU stays in service)", ev.index, describe_xid(ev.xid))
@@ -204,6 +209,9 @@ class AgentMonitor:
         self._usage.update({cid: s.text() for cid, s in summaries.items()})
         self._telemetry = node_payload(self.cfg.node_id, int(time.time() * 1000), self.gpus, samples, holders,
                                        summaries)
+        records = self.supervisor.records()
+        self.reading = GpuReading(list(samples), dict(holders), {r.container_id: r.job_id for r in records},
+                               Counter(pb.ContainerState.Name(r.state).removeprefix("CONTAINER_") for r in records))
 
     async def _telemetry_loop(self) -> None:
         while True:

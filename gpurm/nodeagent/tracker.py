@@ -78,11 +78,13 @@ def _tracker_stub(channel: grpc.aio.Channel) -> Any:
 class Tracker:
     def __init__(self, cfg: AgentConfig, supervisor: ContainerSupervisor, gpus: Sequence[GpuDevice], *,
                  agent_port: int, on_registered: Callable[[Registration], None] | None = None,
+                 metrics_port: int = 0,
                  agent_instance: str | None = None, backoff: Backoff | None = None) -> None:
         self.cfg = cfg
         self.supervisor = supervisor
         self.gpus = list(gpus)
         self.agent_port = agent_port
+        self.metrics_port = metrics_port
         self.agent_instance = agent_instance or uuid.uuid4().hex
         self.on_registered = on_registered
         # Fills health and telemetry into each RegisterNodeRequest / NodeHeartbeat before it leaves (monitor.py).
@@ -150,6 +152,7 @@ class Tracker:
         records = self.supervisor.records()
         request = pb.RegisterNodeRequest(
             node_id=self.cfg.node_id, host=self.cfg.host, agent_port=self.agent_port, rack=self.cfg.rack,
+            metrics_port=self.metrics_port,
             ib_domain=self.cfg.ib_domain, gpus=[g.to_proto() for g in self.gpus], cpus=self.cfg.cpus,
             memory_mib=self.cfg.memory_mib, containers=[r.to_proto() for r in records],
             agent_version=agent_version(), agent_instance=self.agent_instance, healthy=True,

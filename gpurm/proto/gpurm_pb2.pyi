@@ -152,7 +152,7 @@ class GpuInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., memory_mib: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., numa_node: _Optional[int] = ..., cpu_affinity: _Optional[str] = ..., mig_enabled: _Optional[bool] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., links: _Optional[_Iterable[_Union[GpuLink, _Mapping]]] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "host", "agent_port", "rack", "ib_domain", "state", "gpus", "gpus_total", "gpus_free", "cpus", "memory_mib", "last_heartbeat_ms", "containers", "assignments", "health_report", "agent_version")
+    __slots__ = ("node_id", "host", "agent_port", "rack", "ib_domain", "state", "gpus", "gpus_total", "gpus_free", "cpus", "memory_mib", "last_heartbeat_ms", "containers", "assignments", "health_report", "agent_version", "metrics_port")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     AGENT_PORT_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +169,7 @@ class NodeInfo(_message.Message):
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     HEALTH_REPORT_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     host: str
     agent_port: int
@@ -185,7 +186,8 @@ class NodeInfo(_message.Message):
     assignments: _containers.RepeatedCompositeFieldContainer[GpuAssignment]
     health_report: str
     agent_version: str
-    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., agent_port: _Optional[int] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., gpus_total: _Optional[int] = ..., gpus_free: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., containers: _Optional[int] = ..., assignments: _Optional[_Iterable[_Union[GpuAssignment, _Mapping]]] = ..., health_report: _Optional[str] = ..., agent_version: _Optional[str] = ...) -> None: ...
+    metrics_port: int
+    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., agent_port: _Optional[int] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., gpus_total: _Optional[int] = ..., gpus_free: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., containers: _Optional[int] = ..., assignments: _Optional[_Iterable[_Union[GpuAssignment, _Mapping]]] = ..., health_report: _Optional[str] = ..., agent_version: _Optional[str] = ..., metrics_port: _Optional[int] = ...) -> None: ...
 
 class GpuAssignment(_message.Message):
     __slots__ = ("gpu_index", "container_id", "job_id", "gpu_share_milli")
@@ -482,7 +484,7 @@ class Job(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., submit_ms: _Optional[int] = ..., start_ms: _Optional[int] = ..., finish_ms: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., diagnostics: _Optional[str] = ..., exit_code: _Optional[int] = ..., am_attempt: _Optional[int] = ..., am_node: _Optional[str] = ..., gpus_held: _Optional[int] = ..., preemptible: _Optional[bool] = ..., preemptions: _Optional[int] = ..., failures: _Optional[int] = ..., live_containers: _Optional[int] = ..., waiting_reason: _Optional[str] = ..., attained_gpu_s: _Optional[float] = ..., target_gpus: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "host", "agent_port", "rack", "ib_domain", "gpus", "cpus", "memory_mib", "containers", "agent_version", "agent_instance", "healthy", "health_report", "join_time_ms", "join_proof")
+    __slots__ = ("node_id", "host", "agent_port", "rack", "ib_domain", "gpus", "cpus", "memory_mib", "containers", "agent_version", "agent_instance", "healthy", "health_report", "join_time_ms", "join_proof", "metrics_port")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     AGENT_PORT_FIELD_NUMBER: _ClassVar[int]
@@ -498,6 +500,7 @@ class RegisterNodeRequest(_message.Message):
     HEALTH_REPORT_FIELD_NUMBER: _ClassVar[int]
     JOIN_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     JOIN_PROOF_FIELD_NUMBER: _ClassVar[int]
+    METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     host: str
     agent_port: int
@@ -513,7 +516,8 @@ class RegisterNodeRequest(_message.Message):
     health_report: str
     join_time_ms: int
     join_proof: bytes
-    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., agent_port: _Optional[int] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., agent_version: _Optional[str] = ..., agent_instance: _Optional[str] = ..., healthy: _Optional[bool] = ..., health_report: _Optional[str] = ..., join_time_ms: _Optional[int] = ..., join_proof: _Optional[bytes] = ...) -> None: ...
+    metrics_port: int
+    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., agent_port: _Optional[int] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., agent_version: _Optional[str] = ..., agent_instance: _Optional[str] = ..., healthy: _Optional[bool] = ..., health_report: _Optional[str] = ..., join_time_ms: _Optional[int] = ..., join_proof: _Optional[bytes] = ..., metrics_port: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
     __slots__ = ("session", "heartbeat_interval_ms", "token_key", "token_key_id", "mqtt_url", "stop_containers", "mqtt_username", "mqtt_password", "epoch")

@@ -60,6 +60,7 @@ class Node:
     # When an AM could not be started because the agent did not answer: no AM goes there until the agent
     # registers again or beats well after that (its GPUs stay offered: an AM placing learners there learns it).
     unreachable_since: float | None = None
+    metrics_port: int = 0             # the agent's Prometheus exporter on `host` (0: none)
 
     @property
     def offering(self) -> bool:

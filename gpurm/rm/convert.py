@@ -146,7 +146,7 @@ def registration_from_pb(msg: pb.RegisterNodeRequest) -> NodeRegistration:
         ib_domain=msg.ib_domain or msg.rack or "rack-0", gpus=[gpu_from_pb(g) for g in msg.gpus], cpus=msg.cpus,
         memory_mib=msg.memory_mib, containers=[report_from_pb(c) for c in msg.containers],
         agent_version=msg.agent_version, agent_instance=msg.agent_instance, healthy=msg.healthy,
-        health_report=msg.health_report[:2000])
+        health_report=msg.health_report[:2000], metrics_port=min(max(msg.metrics_port, 0), 65535))
 
 
 def node_to_pb(node: Node) -> pb.NodeInfo:
@@ -161,7 +161,7 @@ def node_to_pb(node: Node) -> pb.NodeInfo:
                                       gpu_share_milli=node.shared.get(i, {}).get(cid, 0))
                      for i, holder in sorted(node.allocated.items())
                      for cid in (sorted(node.shared.get(i, {})) if holder == SHARED else [holder])],
-        health_report=node.health_report, agent_version=node.agent_version)
+        health_report=node.health_report, agent_version=node.agent_version, metrics_port=node.metrics_port)
 
 
 def node_view_to_pb(node: Node, elastic: list[int] | None = None) -> pb.NodeView:

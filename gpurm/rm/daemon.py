@@ -42,6 +42,7 @@ from gpurm.rm.credentials import Credentials
 from gpurm.rm.identity import Caller, CallerKind
 from gpurm.rm.limits import make_server
 from gpurm.rm.messages import ErrorCode, JobChanged, LaunchAM, RequestError
+from gpurm.rm.metrics import RMMetrics
 from gpurm.rm.model import Container, ContainerKind, Job
 from gpurm.rm.netcheck import listen_problem
 from gpurm.rm.persist import RETRY_S, Persister, rebuild_core
@@ -85,6 +86,7 @@ class RMShell:
         self.core = RMCore(config.settings, self._initial_queues())
         self.committed_tree = self.core.queues.tree    # the queue config the store holds (a rollback keeps it)
         self.persist = Persister(self.store, config.state_dir, self._roll_back)
+        self.metrics = RMMetrics(lambda: self.core)
         self._stale = False                            # memory is ahead of the store: rebuild before writing
         self._refresh_lock = asyncio.Lock()
         self.creds = Credentials(ClusterKeys.load(config.state_dir / "token.key"))
@@ -129,11 +131,12 @@ class RMShell:
         core = self.core
         dirty = core.take_dirty()
         if dirty:
-            self.persist.commit(
-                [core.jobs[j] for j in dirty.jobs if j in core.jobs],
-                [core.containers[c] for c in dirty.containers if c in core.containers],
-                [core.cluster.nodes[n] for n in dirty.nodes if n in core.cluster.nodes],
-                core.meta() if dirty.meta else {})
+            with self.metrics.commit_seconds.time():
+                self.persist.commit(
+                    [core.jobs[j] for j in dirty.jobs if j in core.jobs],
+                    [core.containers[c] for c in dirty.containers if c in core.containers],
+                    [core.cluster.nodes[n] for n in dirty.nodes if n in core.cluster.nodes],
+                    core.meta() if dirty.meta else {})
         for effect in core.take_outbox():
             if isinstance(effect, LaunchAM):
                 self._spawn(self._launch_am(effect))
@@ -462,7 +465,9 @@ class RMShell:
                 self._pass_pending = False
                 self._last_pass = time.monotonic()
                 with contextlib.suppress(RequestError), self.mutation():   # a failed write: logged already
+                    began = time.perf_counter()
                     self.core.schedule(time.time())
+                    self.metrics.schedule_seconds.observe(time.perf_counter() - began)
 
     def new_session(self) -> str:
         return uuid.uuid4().hex

@@ -107,6 +107,7 @@ class NodeRegistration:
     agent_instance: str = ""
     healthy: bool = True
     health_report: str = ""
+    metrics_port: int = 0           # the agent's Prometheus exporter on `host` (0: none)
 
 
 class HeartbeatAction(enum.Enum):

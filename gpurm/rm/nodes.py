@@ -37,7 +37,8 @@ class NodeRegistry:
                     ib_domain=reg.ib_domain or reg.rack, gpus={g.index: g for g in reg.gpus}, cpus=reg.cpus,
                     memory_mib=reg.memory_mib, last_heartbeat=now, session=session,
                     agent_instance=reg.agent_instance, agent_version=reg.agent_version,
-                    drain=old.drain if old else False, health_report=reg.health_report)
+                    drain=old.drain if old else False, health_report=reg.health_report,
+                    metrics_port=reg.metrics_port)
         node.state = self.healthy_state(node, reg.healthy)
         # Allocations the RM holds on this node survive re-registration.
         for c in live:

@@ -65,18 +65,32 @@ def rpc(fn: Handler[R]) -> Handler[R]:
 
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: Ctx) -> R:
+        began = time.perf_counter()
+        code = "OK"
         try:
             return await fn(self, request, context)
         except RequestError as exc:
+            code = _CODES[exc.code].name
             await context.abort(_CODES[exc.code], status_details(exc.message))
         except ConfigError as exc:
+            code = grpc.StatusCode.INVALID_ARGUMENT.name
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, status_details(*exc.problems))
-        except (grpc.aio.AbortError, asyncio.CancelledError):
+        except grpc.aio.AbortError:
+            status = context.code()             # the handler aborted with its own status
+            code = status.name if isinstance(status, grpc.StatusCode) else "UNKNOWN"
+            raise
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED.name
             raise
         except Exception as exc:
+            code = grpc.StatusCode.INTERNAL.name
             log.exception("%s failed", fn.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, status_details(
                 f"internal error in the RM ({type(exc).__name__}: {exc}); see the RM log"))
+        finally:
+            shell = getattr(self, "shell", None)
+            if shell is not None and fn.__name__ != "Heartbeat":     # a stream lives as long as its node
+                shell.metrics.observe_rpc(fn.__name__, code, time.perf_counter() - began)
         raise AssertionError("unreachable")
 
     return wrapper
