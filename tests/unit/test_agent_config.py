@@ -209,3 +209,13 @@ def test_islands_must_divide_count() -> None:
         load_agent_config(None, {"gpus": {"fake": 6, "nvlink_islands": 4}}, environ={})
     with pytest.raises(GpuDiscoveryError):
         FakeGpuProvider(6, "X", 1, 4, "n1")
+
+
+def test_the_metrics_exporter_listens_on_loopback_by_default_and_can_be_turned_off() -> None:
+    assert load_agent_config(None, FAKE2, environ={}).telemetry.metrics_listen == "127.0.0.1:0"
+    assert load_agent_config(REPO / "configs" / "agent.yaml", {}, environ={}).telemetry.metrics_listen == \
+        "127.0.0.1:9400"
+    off = load_agent_config(None, {**FAKE2, "telemetry": {"metrics_listen": "off"}}, environ={})
+    assert off.telemetry.metrics_listen == ""
+    with pytest.raises(ConfigError, match="telemetry.metrics_listen"):
+        load_agent_config(None, {**FAKE2, "telemetry": {"metrics_listen": "no-port-here"}}, environ={})
