@@ -364,33 +364,108 @@ def cmd_scale(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- kill
 
 
+LIVE_STATES = (pb.JOB_QUEUED, pb.JOB_ALLOCATING, pb.JOB_RUNNING)
+KILL_SELECT_LIMIT = 10_000
+
+
+def kill_targets(rm: RM, args: argparse.Namespace) -> list[str]:
+    """The job ids to kill: those named, or the live jobs the selectors (--user, --queue, --state) pick."""
+    selecting = bool(args.user or args.queue or args.state)
+    if args.jobs and selecting:
+        raise CliError("give job ids or selectors (--user, --queue, --state), not both: e.g. gpurm kill job-3 job-4, "
+                       "or gpurm kill --user alice --state QUEUED")
+    if args.jobs:
+        return list(dict.fromkeys(args.jobs))
+    if not selecting:
+        raise CliError("nothing to kill: give job ids (gpurm kill job-3 job-4) or selectors "
+                       "(gpurm kill --user alice --queue research.nlp --state QUEUED)")
+    states = [pb.JobState.Name(pb.JobState.Value(f"JOB_{s}")) for s in args.state] or \
+        [pb.JobState.Name(s) for s in LIVE_STATES]
+    ended = [s for s in args.state if pb.JobState.Value(f"JOB_{s}") not in LIVE_STATES]
+    if ended:
+        raise CliError(f"--state: {', '.join(ended)} jobs have ended already; choose from QUEUED, ALLOCATING, RUNNING")
+    reply = rm.call(rm.client.ListJobs, pb.ListJobsRequest(states=states, queue=args.queue or "",
+                                                           user=args.user or "", limit=KILL_SELECT_LIMIT))
+    return [j.job_id for j in reply.jobs]
+
+
+def confirm(question: str, assume_yes: bool) -> bool:
+    """Ask on the terminal; without one, only --yes says yes (a script must not kill by accident)."""
+    if assume_yes:
+        return True
+    if not sys.stdin.isatty():
+        raise CliError("refusing to kill jobs picked by selectors without a terminal to confirm on: add --yes")
+    sys.stderr.write(f"{question} [y/N] ")
+    sys.stderr.flush()
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
 def cmd_kill(args: argparse.Namespace) -> int:
     rm = RM(rm_address(args.rm))
-    reply = rm.call(rm.client.KillJob, pb.KillJobRequest(job_id=args.job, reason=args.reason))
-    job = reply.job
-    if job.state != pb.JOB_KILLED:
-        msg = f"{job.job_id} had already ended: {state_name(job.state)}"
+    targets = kill_targets(rm, args)
+    if not targets:
         if args.output == "json":
-            print_json({"job_id": job.job_id, "state": state_name(job.state), "killed": False})
+            print_json([])
         else:
-            print(msg)
+            print("no live jobs match")
         return 0
-    if not args.no_wait:
-        progress = Progress()
-        deadline = time.time() + 90
-        while job.live_containers and time.time() < deadline:
-            progress.update(f"{job.job_id}: waiting for {job.live_containers} container(s) to stop")
-            time.sleep(0.2)
-            job = rm.call(rm.client.GetJob, pb.GetJobRequest(job_id=args.job))
-        progress.done()
-        if job.live_containers:
-            raise CliError(f"{job.job_id} is KILLED but {job.live_containers} container(s) have not reported "
-                           "stopping yet; the RM keeps stopping them (see `gpurm status`)", code=1)
+    if not args.jobs:
+        shown = ", ".join(targets[:10]) + (f" and {len(targets) - 10} more" if len(targets) > 10 else "")
+        if not confirm(f"kill {len(targets)} job{'s' if len(targets) > 1 else ''} ({shown})?", args.yes):
+            print("nothing killed")
+            return 1
+    results: list[dict[str, object]] = []
+    failed: CliError | None = None
+    killed: dict[str, pb.Job] = {}
+    for job_id in targets:
+        try:
+            job = rm.call(rm.client.KillJob, pb.KillJobRequest(job_id=job_id, reason=args.reason)).job
+        except CliError as exc:
+            failed = failed or exc
+            results.append({"job_id": job_id, "state": "", "killed": False, "error": exc.message})
+            if args.output != "json":
+                what = exc.message if job_id in exc.message else f"{job_id}: {exc.message}"
+                print(f"gpurm kill: error: {what}", file=sys.stderr)
+            continue
+        if job.state != pb.JOB_KILLED:
+            results.append({"job_id": job.job_id, "state": state_name(job.state), "killed": False})
+            if args.output != "json":
+                print(f"{job.job_id} had already ended: {state_name(job.state)}")
+            continue
+        killed[job.job_id] = job
+    if killed and not args.no_wait:
+        killed = wait_stopped(rm, killed)
+    for job in killed.values():
+        results.append({"job_id": job.job_id, "state": "KILLED", "killed": True,
+                        "live_containers": job.live_containers})
+        if args.output != "json":
+            print(f"{job.job_id} killed" + ("" if args.no_wait else "; its processes are gone"))
     if args.output == "json":
-        print_json({"job_id": job.job_id, "state": "KILLED", "killed": True, "live_containers": job.live_containers})
-    else:
-        print(f"{job.job_id} killed" + ("" if args.no_wait else "; its processes are gone"))
+        print_json(sorted(results, key=lambda r: targets.index(str(r["job_id"]))))
+    if failed is not None:
+        return failed.code
+    stuck = [j.job_id for j in killed.values() if j.live_containers and not args.no_wait]
+    if stuck:
+        raise CliError(f"{', '.join(stuck)}: KILLED but some containers have not reported stopping yet; the RM keeps "
+                       "stopping them (see `gpurm status`)", code=1)
     return 0
+
+
+def wait_stopped(rm: RM, jobs: dict[str, pb.Job], timeout_s: float = 90.0) -> dict[str, pb.Job]:
+    """Wait until every killed job's containers have stopped (or the timeout); the jobs as last seen."""
+    progress = Progress()
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        live = [j for j in jobs.values() if j.live_containers]
+        if not live:
+            break
+        progress.update(f"waiting for the containers of {len(live)} job(s) to stop: "
+                        + ", ".join(f"{j.job_id} ({j.live_containers})" for j in live[:5]))
+        time.sleep(0.2)
+        for j in live:
+            jobs[j.job_id] = rm.call(rm.client.GetJob, pb.GetJobRequest(job_id=j.job_id))
+    progress.done()
+    return jobs
 
 
 # ---------------------------------------------------------------- logs

@@ -41,7 +41,7 @@ def _sub(subs: argparse._SubParsersAction, name: str, help_text: str, example: s
 
 def build_parser() -> argparse.ArgumentParser:
     from gpurm.cli import admin as admin_cli
-    from gpurm.cli import broker, cluster, daemons, devcluster, jobs, sim
+    from gpurm.cli import broker, cluster, completion, daemons, devcluster, jobs, sim
 
     parser = argparse.ArgumentParser(
         prog="gpurm", formatter_class=Formatter,
@@ -112,9 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
     p.set_defaults(func=jobs.cmd_logs)
 
-    p = _sub(subs, "kill", "kill a job and wait until its processes are gone",
-             "  gpurm kill job-3\n  gpurm kill job-3 --reason 'wrong learning rate' --no-wait")
-    p.add_argument("job", help="job id")
+    p = _sub(subs, "kill", "kill jobs (by id, or picked by user / queue / state) and wait until their processes "
+             "are gone",
+             "  gpurm kill job-3\n  gpurm kill job-3 job-4 --reason 'wrong learning rate' --no-wait\n"
+             "  gpurm kill --user alice --state QUEUED          # asks before killing what it picked\n"
+             "  gpurm kill --queue research.nlp --yes -o json   # no question (scripts)")
+    p.add_argument("jobs", nargs="*", metavar="JOB", help="job ids")
+    p.add_argument("--user", help="pick the live jobs of this user")
+    p.add_argument("--queue", help="pick the live jobs of this queue")
+    p.add_argument("--state", action="append", default=[], type=str.upper,
+                   choices=("QUEUED", "ALLOCATING", "RUNNING"), help="pick live jobs in this state (repeatable)")
+    p.add_argument("-y", "--yes", action="store_true", help="kill what the selectors pick without asking")
     p.add_argument("--reason", default="", help="recorded in the job's diagnostics")
     p.add_argument("--no-wait", action="store_true", help="return at once instead of waiting for the processes")
     p.set_defaults(func=jobs.cmd_kill)
@@ -158,9 +166,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_store_parser(asubs)
     admin.set_defaults(func=lambda a: _missing_sub(admin))
 
-    p = _sub(subs, "version", "print gpurm's version, the Python it runs on and whether its compiled build is in use",
-             "  gpurm version\n  gpurm version -o json", common=False)
+    p = _sub(subs, "completion", "print a shell completion script (commands, flags, choices, job ids)",
+             "  eval \"$(gpurm completion bash)\"     # in ~/.bashrc\n"
+             "  eval \"$(gpurm completion zsh)\"      # in ~/.zshrc", common=False)
+    p.add_argument("shell", choices=("bash", "zsh"))
+    p.set_defaults(func=completion.cmd_completion)
+
+    p = _sub(subs, "version", "print the client's version, the Python it runs on, whether its compiled build is in "
+             "use, and the RM's version",
+             "  gpurm version\n  gpurm version -o json --rm rm.example.org:7070", common=False)
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    p.add_argument("--rm", metavar="HOST:PORT", help="the RM to ask for its version (default: $GPURM_RM, else "
+                   "127.0.0.1:7070)")
     p.set_defaults(func=cmd_version)
 
     p = _sub(subs, "rm", "run the ResourceManager daemon", "  gpurm rm --config configs/rm.yaml", common=False)
@@ -232,13 +249,30 @@ def cmd_version(args: argparse.Namespace) -> int:
     except PackageNotFoundError:
         gpurm_version = "unknown (not installed)"
     build = native.status()
+    rm = rm_version(args.rm)
     info = {"gpurm": gpurm_version, "python": f"{platform.python_implementation()} {platform.python_version()}",
-            "build": build.build, "detail": build.reason, "stale": build.stale}
+            "build": build.build, "detail": build.reason, "stale": build.stale, "rm": rm}
     if args.output == "json":
         print(json.dumps(info))
     else:
-        print(f"gpurm {info['gpurm']} on {info['python']}: {info['detail']}")
+        print(f"client: gpurm {info['gpurm']} on {info['python']}: {info['detail']}")
+        answer = f"gpurm {rm['version']}" if rm["version"] else f"not reached ({rm['error']})"
+        print(f"RM at {rm['address']}: {answer}")
     return 0
+
+
+def rm_version(flag: str | None) -> dict[str, str]:
+    """The RM's version as it answers (a short timeout: `gpurm version` must work without an RM)."""
+    from gpurm.cli.client import RM, rm_address
+    from gpurm.proto import gpurm_pb2 as pb
+
+    address = rm_address(flag)
+    try:
+        rm = RM(address, timeout=3.0)
+        info = rm.call(rm.client.GetClusterInfo, pb.ClusterInfoRequest())
+    except CliError as exc:
+        return {"address": address, "version": "", "error": exc.message}
+    return {"address": address, "version": info.version, "error": ""}
 
 
 def _missing_sub(parser: argparse.ArgumentParser) -> int:

@@ -8,9 +8,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
+from gpurm.jsonshape import to_plain
 from gpurm.queues.fields import format_duration
 
 
@@ -36,7 +36,8 @@ def to_json(value: Any) -> str:
 
 
 def message_dict(msg: Message) -> dict[str, Any]:
-    return MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    """A message in gpurm's one JSON shape (gpurm/jsonshape.py: enums without their prefix, numbers as numbers)."""
+    return to_plain(msg)
 
 
 def print_json(value: Any) -> None:

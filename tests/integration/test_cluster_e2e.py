@@ -167,7 +167,7 @@ def test_sigkilled_agent_shows_lost_within_the_expiry(tmp_path: Path, broker: Te
         t0 = time.monotonic()
         while time.monotonic() - t0 < 10:
             r = c.gpurm("nodes", "-o", "json")
-            if {n["node_id"]: n["state"] for n in r.json()}["node-2"] == "NODE_LOST":
+            if {n["node_id"]: n["state"] for n in r.json()}["node-2"] == "LOST":
                 break
             time.sleep(0.2)
         elapsed = time.monotonic() - t0
@@ -188,3 +188,24 @@ def test_sigterm_to_the_dev_cluster_leaves_no_orphan(tmp_path: Path, broker: Tes
     assert len(job_pids) >= 4
     assert c.stop() == 0
     assert [p for p in [*daemons, *job_pids] if alive(p)] == []
+
+
+def test_kill_takes_many_ids_or_selectors_and_asks_before_killing_what_selectors_pick(cluster: DevCluster) -> None:
+    jobs = [cluster.submit("--gpus", "1", "--name", f"k{i}", "--queue", "default", "--", "sleep", "300")
+            for i in range(3)]
+    for j in jobs:
+        cluster.wait_job(j, states=[pb.JOB_RUNNING], timeout=60)
+    r = cluster.gpurm("kill", jobs[0], jobs[1], "-o", "json")
+    assert r.code == 0, r.err
+    assert [(x["job_id"], x["killed"], x["state"]) for x in r.json()] == [(jobs[0], True, "KILLED"),
+                                                                          (jobs[1], True, "KILLED")]
+    # Selectors without a terminal and without --yes kill nothing.
+    r = cluster.gpurm("kill", "--user", getpass.getuser(), "--state", "RUNNING")
+    assert r.code == 2 and "--yes" in r.err and cluster.job(jobs[2]).state == pb.JOB_RUNNING
+    r = cluster.gpurm("kill", jobs[2], "--state", "RUNNING")
+    assert r.code == 2 and "not both" in r.err
+    r = cluster.gpurm("kill", "--state", "SUCCEEDED", "--yes")
+    assert r.code == 2 and "have ended already" in r.err
+    r = cluster.gpurm("kill", "--user", getpass.getuser(), "--state", "RUNNING", "--yes", "-o", "json")
+    assert r.code == 0 and [x["job_id"] for x in r.json()] == [jobs[2]], r.out
+    assert cluster.job(jobs[2]).state == pb.JOB_KILLED

@@ -217,5 +217,5 @@ def test_the_metrics_exporter_listens_on_loopback_by_default_and_can_be_turned_o
         "127.0.0.1:9400"
     off = load_agent_config(None, {**FAKE2, "telemetry": {"metrics_listen": "off"}}, environ={})
     assert off.telemetry.metrics_listen == ""
-    with pytest.raises(ConfigError, match="telemetry.metrics_listen"):
+    with pytest.raises(ConfigError, match=r"telemetry\.metrics_listen"):
         load_agent_config(None, {**FAKE2, "telemetry": {"metrics_listen": "no-port-here"}}, environ={})
