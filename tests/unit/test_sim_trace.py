@@ -194,9 +194,10 @@ def test_rejects_non_numeric_gpus(tmp_path: Path) -> None:
     rejects(path, "philly-csv", 3, "num_gpus", reason="whole number")
 
 
-def test_rejects_fractional_gpus(tmp_path: Path) -> None:
+def test_rejects_fractional_gpus_above_one(tmp_path: Path) -> None:
+    # A fraction below one is a share of one GPU (tests/unit/test_shared_gpus.py); above one, whole GPUs only.
     path = write(tmp_path, "t.jsonl", '{"submit": 0, "gpus": 2.5, "duration": 60}\n')
-    rejects(path, "jsonl", 1, "gpus", reason="whole number")
+    rejects(path, "jsonl", 1, "gpus", reason="ask for whole GPUs")
 
 
 def test_rejects_gpus_below_one(tmp_path: Path) -> None:
