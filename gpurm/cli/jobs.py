@@ -381,9 +381,6 @@ def kill_targets(rm: RM, args: argparse.Namespace) -> list[str]:
                        "(gpurm kill --user alice --queue research.nlp --state QUEUED)")
     states = [pb.JobState.Name(pb.JobState.Value(f"JOB_{s}")) for s in args.state] or \
         [pb.JobState.Name(s) for s in LIVE_STATES]
-    ended = [s for s in args.state if pb.JobState.Value(f"JOB_{s}") not in LIVE_STATES]
-    if ended:
-        raise CliError(f"--state: {', '.join(ended)} jobs have ended already; choose from QUEUED, ALLOCATING, RUNNING")
     reply = rm.call(rm.client.ListJobs, pb.ListJobsRequest(states=states, queue=args.queue or "",
                                                            user=args.user or "", limit=KILL_SELECT_LIMIT))
     return [j.job_id for j in reply.jobs]

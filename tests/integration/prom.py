@@ -10,12 +10,13 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-INSTALL = "apt-get install -y prometheus (./scripts/setup-venv does it when run as root)"
+INSTALL = "apt-get install -y prometheus (./scripts/system-deps does it when run as root)"
 
 
 def free_port() -> int:
@@ -61,12 +62,14 @@ class Prometheus:
         assert body["status"] == "success", body
         return list(body["data"]["result"])
 
-    def wait_for(self, promql: str, timeout: float = 30) -> list[dict[str, Any]]:
-        """The query's result once it is not empty (scrapes come every second)."""
+    def wait_for(self, promql: str, timeout: float = 30, until: Callable[[list[dict[str, Any]]], bool] = bool
+                 ) -> list[dict[str, Any]]:
+        """The query's result once `until` accepts it (by default: once it is not empty; scrapes come every
+        second, one target at a time)."""
         deadline = time.monotonic() + timeout
         while True:
             result = self.query(promql)
-            if result:
+            if until(result):
                 return result
             if time.monotonic() > deadline:
                 targets = urllib.request.urlopen(f"{self.url}/api/v1/targets", timeout=5).read().decode()

@@ -37,12 +37,11 @@ def test_prometheus_scrapes_the_agents_gpu_metrics_with_the_job_on_each_gpu(clus
     c.wait_job(job_id, states=[pb.JOB_RUNNING], timeout=60)
     prom = Prometheus(tmp_path / "prom", {"gpurm-agents": targets})
     try:
-        result = prom.wait_for(f'DCGM_FI_DEV_GPU_UTIL{{gpurm_job="{job_id}"}}', timeout=40)
-        assert len(result) == 2, result                         # both GPUs of the job, on one server
+        result = prom.wait_for(f'DCGM_FI_DEV_GPU_UTIL{{gpurm_job="{job_id}"}}', timeout=40,
+                               until=lambda r: len(r) == 2)    # both GPUs of the job, on one server
         assert all(55 <= float(r["value"][1]) <= 95 for r in result), result   # the fake GPUs' busy range
         assert {r["metric"]["modelName"] for r in result} == {"H100-80GB"}
-        healthy = prom.wait_for("sum(gpurm_gpu_healthy)")
-        assert float(healthy[0]["value"][1]) == 4.0
+        prom.wait_for("sum(gpurm_gpu_healthy)", until=lambda r: bool(r) and float(r[0]["value"][1]) == 4.0)
     finally:
         prom.stop()
         c.gpurm("kill", job_id)
