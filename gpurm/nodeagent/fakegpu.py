@@ -132,6 +132,10 @@ class FakeGpuProvider:
                                  power_w=round(70.0 + util * 6.3, 1)))
         return out
 
+    def process_memory(self, indices: Sequence[int]) -> dict[int, dict[int, int]]:
+        """Fake GPUs run no CUDA processes: nothing to report (shared GPUs' memory limits are not enforced)."""
+        return {}
+
     def close(self) -> None:
         pass
 

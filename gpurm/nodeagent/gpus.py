@@ -9,7 +9,7 @@ service) is decided by `health.py`, not by the providers.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -93,6 +93,11 @@ class GpuProvider(Protocol):
 
     def sample(self, busy: Mapping[int, str]) -> list[GpuSample]:
         """A telemetry reading of every GPU that can be read; `busy` maps GPU index -> container using it."""
+        ...
+
+    def process_memory(self, indices: Sequence[int]) -> dict[int, dict[int, int]]:
+        """GPU memory each process uses on the GPUs `indices`: index -> pid -> MiB (what the GPU can tell;
+        empty where it cannot). The agent holds shared GPUs' jobs to their memory share with it."""
         ...
 
     def close(self) -> None: ...

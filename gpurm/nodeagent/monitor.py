@@ -48,6 +48,7 @@ from gpurm.nodeagent.metrics import GpuReading, GpuTally
 from gpurm.nodeagent.procstats import CpuMeter, Reading, read_container
 from gpurm.nodeagent.records import ContainerRecord
 from gpurm.nodeagent.series import ContainerSeries, series_path
+from gpurm.nodeagent.sharing import GpuMemoryGuard
 from gpurm.nodeagent.telemetry import node_payload, summarise
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rightsize.limit import RAISE_AT, ceiling_mib, phase_limit_mib
@@ -104,6 +105,7 @@ class AgentMonitor:
         self._models: dict[str, PhaseModel] = {}           # the latest phases per container
         self.memory_high: dict[str, float] = {}            # `rightsize: on`: the memory.high written, MiB
         self.tally = GpuTally()                            # XIDs and ECC events, for the Prometheus exporter
+        self.gpu_memory = GpuMemoryGuard()                 # shared GPUs: each job held to its memory share
         self.reading = GpuReading()                        # the latest telemetry, for the Prometheus exporter
         self._rightsize_warned: set[str] = set()
 
@@ -210,8 +212,28 @@ class AgentMonitor:
         self._telemetry = node_payload(self.cfg.node_id, int(time.time() * 1000), self.gpus, samples, holders,
                                        summaries)
         records = self.supervisor.records()
+        await self._guard_shares([r for r in records if r.live and r.share_milli and r.gpu_memory_mib])
         self.reading = GpuReading(list(samples), dict(holders), {r.container_id: r.job_id for r in records},
                                Counter(pb.ContainerState.Name(r.state).removeprefix("CONTAINER_") for r in records))
+
+    async def _guard_shares(self, shared: Sequence[ContainerRecord]) -> None:
+        """Stop a container on a shared GPU that keeps more GPU memory than its share (nodeagent/sharing.py)."""
+        self.gpu_memory.forget({r.container_id for r in shared})
+        if not shared:
+            return
+        indices = sorted({g for r in shared for g in r.gpu_indices})
+        usage = await asyncio.to_thread(self.provider.process_memory, indices)
+        for rec in shared:
+            if rec.stopped or not any(g in usage for g in rec.gpu_indices):
+                continue                 # stopping already, or the GPU cannot tell per process
+            pids = self.supervisor.processes(rec.container_id)
+            used = sum(mib for g in rec.gpu_indices for pid, mib in usage.get(g, {}).items() if pid in pids)
+            why = self.gpu_memory.observe(rec.container_id, used, rec.gpu_memory_mib)
+            if why:
+                log.warning("container %s (job %s): %s", rec.container_id, rec.job_id, why)
+                rec.user_error = True    # the job's own doing: reported with its end
+                rec.diagnostics = why
+                self._spawn(self.supervisor.stop(rec.container_id, self.cfg.containers.stop_grace_s, why))
 
     async def _telemetry_loop(self) -> None:
         while True:

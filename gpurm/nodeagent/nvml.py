@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -439,6 +439,28 @@ class NvmlProvider:
                     memory_total_mib=int(mem.total) // MIB if mem is not None else None,
                     temperature_c=int(temp) if temp is not None else None,
                     power_w=int(power) / 1000 if power is not None else None))  # NVML: milliwatts
+        return out
+
+    def process_memory(self, indices: Sequence[int]) -> dict[int, dict[int, int]]:
+        nv = self.nv
+        out: dict[int, dict[int, int]] = {}
+        with self._lock:
+            if self._closed:
+                return out
+            for i in indices:
+                h = self._handles[i] if 0 <= i < len(self._handles) else None
+                if h is None or i in self._lost:
+                    continue
+                try:
+                    procs = self._try(i, "processes", nv.nvmlDeviceGetComputeRunningProcesses, h)
+                except _Lost:
+                    continue
+                used: dict[int, int] = {}
+                for p in procs or ():
+                    mem = getattr(p, "usedGpuMemory", None)     # None where the driver cannot tell (MIG, Windows)
+                    if mem is not None:
+                        used[int(p.pid)] = used.get(int(p.pid), 0) + int(mem) // MIB
+                out[i] = used
         return out
 
     def close(self) -> None:

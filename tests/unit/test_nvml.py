@@ -68,6 +68,7 @@ class FakeNvml:
         self.registered: dict[int, int] = {}
         self.remapped = {i: (0, 0, 0, 0) for i in range(count)}
         self.busy_util = {i: 0 for i in range(count)}
+        self.procs: dict[int, list[tuple[int, int | None]]] = {}   # GPU -> (pid, bytes or None)
         self.shut = False
 
     def _h(self, h: Handle) -> int:
@@ -190,6 +191,9 @@ class FakeNvml:
 
     def nvmlDeviceGetPowerUsage(self, h: Handle) -> int:
         return 100_000 + 5_000 * self.busy_util[self._h(h)]  # milliwatts
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: Handle) -> list[Any]:
+        return [SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in self.procs.get(self._h(h), [])]
 
 
 def provider(nv: FakeNvml | None = None) -> tuple[NvmlProvider, FakeNvml]:
@@ -331,3 +335,14 @@ def test_helpers() -> None:
     assert cpulist([0]) == ""
     assert normalise_bus_id("00000000:1A:00.0") == "0000:1a:00.0"
     assert normalise_bus_id("0000:1a:00.0") == "0000:1a:00.0"
+
+
+def test_process_memory_per_gpu_and_pid() -> None:
+    p, nv = provider()
+    p.discover()
+    nv.procs = {2: [(100, 3 << 30), (101, None), (100, 1 << 30)], 3: [(200, 512 << 20)]}
+    nv.lost.add(3)
+    # pid 100 twice (two contexts) sums; a process whose memory the driver cannot tell is left out; a lost GPU and
+    # one not asked about answer nothing.
+    assert p.process_memory([2, 3]) == {2: {100: 4096}}
+    assert p.process_memory([0]) == {0: {}}
