@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import yaml
 
 from gpurm.proto import gpurm_pb2 as pb
-from tests.conftest import TestBroker
-from tests.integration.harness import DevCluster
+from tests.conftest import TestBroker, free_port
+from tests.integration.harness import ROOT, DevCluster
 
 OWNER = "alice"
 OTHER = "mallory"
@@ -65,6 +70,15 @@ def test_the_url_is_announced_and_the_cluster_summary_counts_gpus(cluster: DevCl
     assert sorted(r["rack"] for r in body["racks"]) == ["rack-1", "rack-2"]
     assert all(len(n["gpus"]) == 4 for r in body["racks"] for n in r["nodes"])
     assert "default-src 'none'" in headers["Content-Security-Policy"]
+    admin_info = cluster.gpurm("admin", "info")
+    assert admin_info.code == 0 and cluster.http_url in admin_info.out
+
+
+def test_a_foreign_host_name_is_refused_on_loopback(cluster: DevCluster) -> None:
+    status, _, body = call(cluster, "GET", "/api/v1/cluster", headers={"Host": "evil.example:80"})
+    assert status == 403 and "not this server's" in body["error"]["message"]
+    port = urlsplit(cluster.http_url).port
+    assert call(cluster, "GET", "/api/v1/cluster", headers={"Host": f"localhost:{port}"})[0] == 200
 
 
 def test_submit_get_and_the_json_shape(cluster: DevCluster) -> None:
@@ -170,8 +184,6 @@ def test_logs_follow_the_grpc_rules(cluster: DevCluster) -> None:
         text = body["data"]
         if "hello" in text:
             break
-        import time
-
         time.sleep(0.1)
     assert "hello from rank 0" in text and isinstance(body["size"], int)
     call(cluster, "DELETE", f"/api/v1/jobs/{job_id}")
@@ -239,3 +251,38 @@ def test_the_rm_keeps_serving_after_garbage(cluster: DevCluster) -> None:
         assert call(cluster, "GET", path)[0] in (400, 404)
     assert call(cluster, "GET", "/api/v1/cluster")[0] == 200
     assert cluster.client.GetClusterInfo(pb.ClusterInfoRequest(), timeout=10).nodes == 2
+
+
+def rm_config(cluster: DevCluster, tmp_path: Path, http: dict[str, object]) -> Path:
+    """The cluster RM's config for a second RM: its own port and state dir, the given `http:` section."""
+    cfg = yaml.safe_load((cluster.state_dir / "rm" / "rm.yaml").read_text())
+    cfg.update(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path / "rm2"), http=http)
+    path = tmp_path / "rm2.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_a_taken_http_port_stops_the_rm_naming_the_setting(cluster: DevCluster, tmp_path: Path) -> None:
+    taken = urlsplit(cluster.http_url).port
+    config = rm_config(cluster, tmp_path, {"listen": f"127.0.0.1:{taken}"})
+    done = subprocess.run([sys.executable, "-m", "gpurm.cli.main", "rm", "--config", str(config)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert f"cannot listen on 127.0.0.1:{taken} (http.listen)" in done.stderr
+
+
+def test_http_can_be_turned_off(cluster: DevCluster, tmp_path: Path) -> None:
+    config = rm_config(cluster, tmp_path, {"enabled": False})
+    with (tmp_path / "rm2.log").open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "gpurm.cli.main", "rm", "--config", str(config)], cwd=ROOT,
+                                stdout=log, stderr=subprocess.STDOUT)
+    try:
+        pidfile = tmp_path / "rm2" / "rm.json"
+        deadline = time.monotonic() + 30
+        while not pidfile.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert json.loads(pidfile.read_text())["http_url"] == ""
+        assert "http.enabled is false" in (tmp_path / "rm2.log").read_text()
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0

@@ -21,6 +21,7 @@ from gpurm.rm.config import HTTPConfig
 from gpurm.rm.http import api, pages
 from gpurm.rm.http.api import MTLS, SHELL
 from gpurm.rm.http.auth import who_asks
+from gpurm.rm.identity import address_is_local
 from gpurm.rm.messages import ErrorCode, RequestError
 from gpurm.rm.service import status_details
 from gpurm.rm.tls import TLSConfig
@@ -62,10 +63,27 @@ def _cross_site(request: web.Request) -> str:
     return ""
 
 
+LOOPBACK_NAMES = ("localhost", "localhost.")
+LOCAL_ONLY: web.AppKey[bool] = web.AppKey("local_only")
+
+
+def _foreign_host(request: web.Request) -> str:
+    """On a loopback listener, a Host that is not a loopback name: a page of another site whose name now resolves
+    to 127.0.0.1 (DNS rebinding) would otherwise read the API as if it were this server's own."""
+    host = (request.url.host or "").strip("[]").lower()
+    if host in LOOPBACK_NAMES or address_is_local(host):
+        return ""
+    return f"Host {host[:100]!r} is not this server's (it serves loopback only: use 127.0.0.1 or localhost)"
+
+
 @web.middleware
 async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Who asks, cross-site checks, errors as JSON, and the security headers on every answer."""
     try:
+        if request.app[LOCAL_ONLY]:
+            foreign = _foreign_host(request)
+            if foreign:
+                raise web.HTTPForbidden(text=foreign)
         if request.method in MUTATING:
             why = _cross_site(request)
             if why:
@@ -103,6 +121,8 @@ def build_app(shell: RMShell, config: HTTPConfig, mtls: bool, extra: Iterable[Ro
     app = web.Application(middlewares=[guard], client_max_size=config.max_body_bytes)
     app[SHELL] = shell
     app[MTLS] = mtls
+    host = parse_address(config.listen)[0].lower()
+    app[LOCAL_ONLY] = host in LOOPBACK_NAMES or address_is_local(host)
     api.register(app)
     pages.register(app)
     for hook in extra:
