@@ -81,6 +81,13 @@ def test_a_foreign_host_name_is_refused_on_loopback(cluster: DevCluster) -> None
     assert call(cluster, "GET", "/api/v1/cluster", headers={"Host": f"localhost:{port}"})[0] == 200
 
 
+def test_a_retried_submit_with_the_same_key_is_one_job(cluster: DevCluster) -> None:
+    key = {"Idempotency-Key": "retry-me-1"}
+    first = call(cluster, "POST", "/api/v1/jobs", {**SLEEPER, "command": "true"}, headers=key)
+    again = call(cluster, "POST", "/api/v1/jobs", {**SLEEPER, "command": "true"}, headers=key)
+    assert first[0] == again[0] == 201 and first[2]["job_id"] == again[2]["job_id"]
+
+
 def test_submit_get_and_the_json_shape(cluster: DevCluster) -> None:
     job_id = submit(cluster, {**SLEEPER, "env": {"SECRET": "s3cret"}})
     status, _, job = call(cluster, "GET", f"/api/v1/jobs/{job_id}")

@@ -106,7 +106,10 @@ def test_pages_in_a_browser(cluster: DevCluster, browser: WebDriver) -> None:
     wait_for(lambda: f"you are user {current_user()}" in text_of(browser, "header .who"), why="view as")
 
     # Overview: every rack, server and GPU; the jobs' GPUs drawn as used.
-    assert [h.text for h in browser.find_elements(By.CSS_SELECTOR, ".rack h3")] == ["rack-1", "rack-2"]
+    heads = [h.text for h in browser.find_elements(By.CSS_SELECTOR, ".rack h3")]
+    assert [h.split()[0] for h in heads] == ["rack-1", "rack-2"]
+    words = [h.split() for h in heads]
+    assert sum(int(w[i]) for w in words for i in range(len(w) - 1) if w[i + 1].startswith("used")) == 7
     assert len(browser.find_elements(By.CSS_SELECTOR, ".rack .server")) == 4
     assert len(browser.find_elements(By.CSS_SELECTOR, ".racks .gpu")) == 16
     used = browser.find_elements(By.CSS_SELECTOR, ".racks .gpu-used")

@@ -7,6 +7,7 @@ polls the REST API every few seconds and redraws the page when what it shows cha
 
 from __future__ import annotations
 
+import asyncio
 import html
 import time
 from collections.abc import Iterable
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 STATIC = Path(__file__).resolve().parent / "static"
 REFRESH_MS = 3000
+MAX_LOG_TAILS = 8          # ranks whose log tail a job page shows (one agent call each per redraw)
 TERMINAL = ("SUCCEEDED", "FAILED", "KILLED")
 
 
@@ -120,6 +122,15 @@ def gpu_cells(node: dict[str, Any], highlight: str = "") -> str:
     return "".join(out)
 
 
+def tally(cells: Iterable[dict[str, Any]]) -> str:
+    """`5 free, 3 used, 1 unhealthy` (states with none left out; `0 free` when nothing is)."""
+    counts: dict[str, int] = {}
+    for g in cells:
+        counts[g["state"]] = counts.get(g["state"], 0) + 1
+    order = ("free", "used", "shared", "unhealthy", "offline")
+    return ", ".join(f"{counts[k]} {k}" for k in order if counts.get(k)) or "0 free"
+
+
 def bar(parts: Iterable[tuple[float, str, str]], total: float, width: int = 240) -> str:
     """An SVG bar: (amount, css class, label) segments side by side, scaled to `total`."""
     x = 0.0
@@ -193,9 +204,12 @@ async def overview(request: web.Request) -> web.Response:
     racks = []
     for rack in summary["racks"]:
         rows = "".join(f'<div class="server"><span class="server-name">{node_link(n["node_id"])}'
-                       f' <small>{e(n["state"])}</small></span><span class="gpus">{gpu_cells(n)}</span></div>'
+                       f' <small>{e(n["state"])}</small></span><span class="gpus">{gpu_cells(n)}</span>'
+                       f'<small class="tally">{e(tally(n["gpus"]))}</small></div>'
                        for n in rack["nodes"])
-        racks.append(f'<section class="rack"><h3>{e(rack["rack"])}</h3>{rows}</section>')
+        cells = [g for n in rack["nodes"] for g in n["gpus"]]
+        racks.append(f'<section class="rack"><h3>{e(rack["rack"])} <small class="tally">{e(tally(cells))}</small>'
+                     f"</h3>{rows}</section>")
     warn = "".join(f'<p class="warning">{e(w)}</p>' for w in rm.get("warnings", []))
     if rm.get("store_error"):
         warn += f'<p class="error">store: {e(rm["store_error"])}</p>'
@@ -298,20 +312,25 @@ async def _log_tails(request: web.Request, job: dict[str, Any]) -> str:
     attempts = job["attempts"]
     if not attempts or not attempts[-1]["learners"]:
         return "<p>no logs yet: the job has not started</p>"
-    out = []
     from gpurm.proto import gpurm_pb2 as pb
 
-    for learner in attempts[-1]["learners"]:
-        if not learner["container_id"]:
-            continue
+    learners = [lr for lr in attempts[-1]["learners"] if lr["container_id"]]
+    shown = learners[:MAX_LOG_TAILS]
+
+    async def tail(rank: int) -> str:
         try:
-            reply = await shell.read_logs(pb.GetLogsRequest(job_id=job["job_id"], rank=learner["rank"]),
-                                          tail=api.TAIL_BYTES)
-            text = reply.data.decode(errors="replace") or "(empty so far)"
+            reply = await shell.read_logs(pb.GetLogsRequest(job_id=job["job_id"], rank=rank), tail=api.TAIL_BYTES)
         except RequestError as exc:
-            text = f"(cannot read it: {exc.message})"
-        out.append(f'<h3>rank {e(learner["rank"])} on {e(learner["node_id"])}</h3>'
-                   f'<pre class="log" id="log-{e(learner["rank"])}">{e(text)}</pre>')
+            return f"(cannot read it: {exc.message})"
+        return reply.data.decode(errors="replace") or "(empty so far)"
+
+    texts = await asyncio.gather(*(tail(lr["rank"]) for lr in shown))      # one agent call per rank, at once
+    out = [f'<h3>rank {e(lr["rank"])} on {e(lr["node_id"])}</h3><pre class="log" id="log-{e(lr["rank"])}">'
+           f"{e(text)}</pre>" for lr, text in zip(shown, texts, strict=True)]
+    if len(learners) > len(shown):
+        out.append(f'<p class="meta">{len(learners) - len(shown)} more ranks: '
+                   f'<code>{e(api.PREFIX)}/jobs/{e(u(job["job_id"]))}/logs?rank=N&amp;tail=8192</code> or '
+                   f'<code>gpurm logs {e(job["job_id"])} --rank N</code></p>')
     return "".join(out) or "<p>no learner has started yet</p>"
 
 

@@ -41,7 +41,7 @@
 
   function poll() {
     var url = main && main.dataset.refresh;
-    if (!url) { return; }
+    if (!url || document.hidden) { return; }     // a tab in the background costs the RM nothing
     polls += 1;
     fetch(url, {credentials: "same-origin", headers: {"Accept": "application/json"}}).then(function (r) {
       return r.json().then(function (body) { return {ok: r.ok, body: body}; });
