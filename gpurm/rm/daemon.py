@@ -517,6 +517,10 @@ class RMShell:
         problem = listen_problem(self.config.listen)
         if problem:
             raise OSError(f"cannot listen on {self.config.listen}: {problem}")
+        problem = listen_problem(self.config.http.listen) if self.config.http.enabled else ""
+        if problem:
+            raise OSError(f"cannot listen on {self.config.http.listen} (http.listen): {problem}; choose another "
+                          "port, or http.enabled: false")
         snap = self.store.load()
         self.core.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, time.time())
         kept = rotate_backup(self.store, self.config.state_dir, self.config.store_backups)
@@ -542,7 +546,14 @@ class RMShell:
         if not bound:
             raise OSError(f"cannot listen on {self.config.listen}: address in use or not available")
         await server.start()
-        web = await self._start_http()
+        try:
+            web = await self._start_http()
+        except OSError:          # taken since the check above: stop what started, then say why
+            await server.stop(grace=0)
+            await self.publisher.stop()
+            if self.broker is not None:
+                await self.broker.stop()
+            raise
         self._write_pidfile(host, bound)
         for line in self.security_warnings():
             log.warning("%s", line)

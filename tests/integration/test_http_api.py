@@ -258,6 +258,7 @@ def test_the_rm_keeps_serving_after_garbage(cluster: DevCluster) -> None:
         assert call(cluster, "GET", path)[0] in (400, 404)
     assert call(cluster, "GET", "/api/v1/cluster")[0] == 200
     assert cluster.client.GetClusterInfo(pb.ClusterInfoRequest(), timeout=10).nodes == 2
+    assert "Traceback" not in (cluster.state_dir / "rm" / "rm.log").read_text()      # no log flood either
 
 
 def rm_config(cluster: DevCluster, tmp_path: Path, http: dict[str, object]) -> Path:

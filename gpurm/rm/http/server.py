@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from gpurm.queues.fields import ConfigError, parse_address
 from gpurm.rm import tls as tlsmod
@@ -130,6 +131,21 @@ def build_app(shell: RMShell, config: HTTPConfig, mtls: bool, extra: Iterable[Ro
     return app
 
 
+class QuietBadRequests(logging.Filter):
+    """aiohttp logs a traceback at ERROR for every malformed request it answers 400 itself: a client could fill
+    the RM's log with them. Such a request becomes one DEBUG line; anything else passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            log.debug("bad HTTP request answered %s: %s", exc.code, str(exc.message).splitlines()[0][:200])
+            return False
+        return True
+
+
+QUIET = QuietBadRequests()
+
+
 class HttpServer:
     def __init__(self, shell: RMShell, config: HTTPConfig, tls: TLSConfig | None,
                  extra: Iterable[RouteHook] = ()) -> None:
@@ -138,6 +154,7 @@ class HttpServer:
         self.app = build_app(shell, config, tls is not None, extra)
         self.runner: web.AppRunner | None = None
         self.url = ""
+        logging.getLogger("aiohttp.server").addFilter(QUIET)     # the same object each time: added once
 
     async def start(self) -> str:
         """Listen on `http.listen`; returns the URL. OSError naming http.listen when the address is taken."""
