@@ -53,3 +53,27 @@ def test_json_shape_enums_numbers_and_presence() -> None:
     assert node["state"] == "DRAINING" and node["gpus"][0]["links"][0]["level"] == "NVLINK"
     assert to_json(pb.Job())["state"] == "UNSPECIFIED"
     assert to_json(pb.GetLogsResponse(data=b"ok \xff"))["data"] == "ok \ufffd"
+
+
+async def test_extra_routes_mount_behind_the_same_middleware() -> None:
+    """Where /metrics will go: a hook given the app and the shell; its answers get the same headers and errors."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from gpurm.rm.config import HTTPConfig
+    from gpurm.rm.http.server import build_app
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text="gpurm_up 1\n")
+
+    def hook(app: web.Application, shell: object) -> None:
+        app.router.add_get("/metrics", metrics)
+
+    app = build_app(object(), HTTPConfig(), mtls=False, extra=[hook])  # type: ignore[arg-type]
+    async with TestClient(TestServer(app)) as client:
+        got = await client.get("/metrics")
+        assert got.status == 200 and await got.text() == "gpurm_up 1\n"
+        assert "script-src 'self'" in got.headers["Content-Security-Policy"]
+        missing = await client.get("/api/v1/nope")
+        assert missing.status == 404 and (await missing.json())["error"]["code"] == "NOT_FOUND"
+        form = await client.post("/api/v1/jobs", data="gpus=1")
+        assert form.status == 415

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 PREFIX = "/api/v1"
 SHELL: web.AppKey[RMShell] = web.AppKey("shell")
 MTLS: web.AppKey[bool] = web.AppKey("mtls")
+CALLER: web.RequestKey[Caller] = web.RequestKey("caller", Caller)     # who asks, set by the server's middleware
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 TAIL_BYTES = 8192           # a log tail on the job page
@@ -43,8 +44,7 @@ def shell_of(request: web.Request) -> RMShell:
 
 
 def caller(request: web.Request) -> Caller:
-    who: Caller = request["caller"]
-    return who
+    return request[CALLER]
 
 
 def bad(field: str, message: str) -> RequestError:

@@ -74,7 +74,7 @@ def node_link(node_id: str) -> str:
 
 def layout(request: web.Request, title: str, body: str, refresh: str = "", status: int = 200) -> web.Response:
     """The page around `body`; `refresh`: the REST URL app.js polls to know when to redraw (none: static)."""
-    who: Caller | None = request.get("caller")
+    who: Caller | None = request.get(api.CALLER)
     mtls = request.app[api.MTLS]
     ident = ""
     if who is not None:

@@ -20,7 +20,7 @@ from gpurm.queues.fields import ConfigError, parse_address
 from gpurm.rm import tls as tlsmod
 from gpurm.rm.config import HTTPConfig
 from gpurm.rm.http import api, pages
-from gpurm.rm.http.api import MTLS, SHELL
+from gpurm.rm.http.api import CALLER, MTLS, SHELL
 from gpurm.rm.http.auth import who_asks
 from gpurm.rm.identity import address_is_local
 from gpurm.rm.messages import ErrorCode, RequestError
@@ -90,7 +90,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             if why:
                 raise web.HTTPUnsupportedMediaType(text=why) if why.startswith("Content-Type") \
                     else web.HTTPForbidden(text=why)
-        request["caller"] = who_asks(request, request.app[MTLS])
+        request[CALLER] = who_asks(request, request.app[MTLS])
         response = await handler(request)
     except RequestError as exc:
         response = error_response(ERROR_STATUS.get(exc.code, 400), status_details(exc.message), exc.code.name)
