@@ -161,7 +161,7 @@ def test_pages_in_a_browser(cluster: DevCluster, browser: WebDriver) -> None:
 
     # A node: its GPUs and who holds them.
     browser.get(url + "/nodes/node-1")
-    assert len(browser.find_elements(By.CSS_SELECTOR, "table.gpus tbody tr")) == 4
+    assert len(browser.find_elements(By.CSS_SELECTOR, "table.gputable tbody tr")) == 4
     assert text_of(browser, "h1") == "Node node-1"
 
     # Queues: the bar of the default queue.

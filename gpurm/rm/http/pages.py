@@ -393,7 +393,7 @@ async def node_page(request: web.Request) -> web.Response:
              ("health", e(node["health_report"] or "ok"))]
     dl = "".join(f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in facts)
     body = (f'<dl class="facts">{dl}</dl><h2>GPUs</h2>'
-            + table(["GPU", "model", "memory", "health", "job", "util", "mem used", "temp", "power"], rows, "gpus")
+            + table(["GPU", "model", "memory", "health", "job", "util", "mem used", "temp", "power"], rows, "gputable")
             + "<h2>GPU utilisation</h2>"
             + (chart(series) or "<p>no GPU telemetry from this node in the RM yet (agents send it every "
                                 "telemetry.interval; the RM keeps the last 15 minutes in memory)</p>"))
