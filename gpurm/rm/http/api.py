@@ -18,6 +18,7 @@ from gpurm.proto import gpurm_pb2 as pb
 from gpurm.queues.fields import ConfigError
 from gpurm.rm import convert
 from gpurm.rm.cluster import SHARED, NodeState
+from gpurm.rm.http import openapi
 from gpurm.rm.http.jsonview import to_json
 from gpurm.rm.identity import Caller
 from gpurm.rm.jobspec import spec_from_mapping
@@ -286,9 +287,7 @@ async def list_queues(request: web.Request) -> web.Response:
 
 
 async def openapi_document(request: web.Request) -> web.Response:
-    from gpurm.rm.http.openapi import document
-
-    return web.json_response(document())
+    return web.json_response(openapi.document())
 
 
 ROUTES: list[tuple[str, str, Any]] = [

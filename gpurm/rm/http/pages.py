@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import json
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,9 +18,11 @@ from urllib.parse import quote, urlencode
 
 from aiohttp import web
 
+from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rm.http import api
 from gpurm.rm.http.auth import USER_COOKIE
 from gpurm.rm.messages import ErrorCode, RequestError
+from gpurm.rm.service import check_may_read_logs
 
 if TYPE_CHECKING:
     from gpurm.rm.identity import Caller
@@ -96,8 +99,6 @@ def layout(request: web.Request, title: str, body: str, refresh: str = "", statu
 
 def error_page(request: web.Request, response: web.Response) -> web.Response:
     """An API-style error answered to a page: the same status and message, as HTML."""
-    import json
-
     try:
         message = json.loads(response.text or "{}")["error"]["message"]
     except (ValueError, KeyError, TypeError):
@@ -304,16 +305,12 @@ async def _log_tails(request: web.Request, job: dict[str, Any]) -> str:
     shell, who = api.shell_of(request), api.caller(request)
     if not job["may_see_private"]:
         try:
-            from gpurm.rm.service import check_may_read_logs
-
             check_may_read_logs(shell, who, shell.core.get_job(job["job_id"]))
         except RequestError as exc:
             return f'<p class="denied">{e(exc.message)}</p>'
     attempts = job["attempts"]
     if not attempts or not attempts[-1]["learners"]:
         return "<p>no logs yet: the job has not started</p>"
-    from gpurm.proto import gpurm_pb2 as pb
-
     learners = [lr for lr in attempts[-1]["learners"] if lr["container_id"]]
     shown = learners[:MAX_LOG_TAILS]
 
