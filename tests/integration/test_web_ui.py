@@ -20,6 +20,7 @@ from selenium.common.exceptions import NoAlertPresentException, WebDriverExcepti
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
 
 from gpurm.cli.client import current_user
 from gpurm.proto import gpurm_pb2 as pb
@@ -85,6 +86,16 @@ def text_of(browser: WebDriver, css: str) -> str:
     return str(browser.find_element(By.CSS_SELECTOR, css).text)
 
 
+def showing(browser: WebDriver, css: str, count: int) -> list[WebElement] | None:
+    """The elements `css` selects once there are `count` of them; else None after reloading the page (the next
+    look sees what the RM says now)."""
+    found = browser.find_elements(By.CSS_SELECTOR, css)
+    if len(found) == count:
+        return list(found)
+    browser.refresh()
+    return None
+
+
 def csp_violations(browser: WebDriver) -> list[str]:
     return [e["message"] for e in browser.get_log("browser") if "Content Security Policy" in e["message"]]
 
@@ -112,8 +123,8 @@ def test_pages_in_a_browser(cluster: DevCluster, browser: WebDriver) -> None:
     assert sum(int(w[i]) for w in words for i in range(len(w) - 1) if w[i + 1].startswith("used")) == 7
     assert len(browser.find_elements(By.CSS_SELECTOR, ".rack .server")) == 4
     assert len(browser.find_elements(By.CSS_SELECTOR, ".racks .gpu")) == 16
-    used = browser.find_elements(By.CSS_SELECTOR, ".racks .gpu-used")
-    assert len(used) == 7 and any(big in (g.get_attribute("title") or "") for g in used)
+    used = wait_for(lambda: showing(browser, ".racks .gpu-used", 7), why="7 GPUs drawn as used")
+    assert any(big in (g.get_attribute("title") or "") for g in used)
     assert "7 used" in text_of(browser, "#gpu-counts").replace("\n", " ")
     time.sleep(2)      # a couple of telemetry samples for the job page's chart
     IMAGES.mkdir(parents=True, exist_ok=True)
@@ -143,8 +154,8 @@ def test_pages_in_a_browser(cluster: DevCluster, browser: WebDriver) -> None:
     browser.get(url + f"/jobs/{big}")
     assert text_of(browser, "#fact-state") == "RUNNING"
     assert text_of(browser, "#fact-name") == "resnet-6gpu"
-    mine = browser.find_elements(By.CSS_SELECTOR, ".placement .gpu-mine")
-    assert len(mine) == 6 and len(browser.find_elements(By.CSS_SELECTOR, ".placement .server")) == 2
+    wait_for(lambda: showing(browser, ".placement .gpu-mine", 6), why="the job's 6 GPUs outlined")
+    assert 2 <= len(browser.find_elements(By.CSS_SELECTOR, ".placement .server")) <= 3
     assert "epoch 2 loss 0.71" in text_of(browser, "#log-0")
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "svg.chart polyline") or browser.refresh(),
              timeout=20, why="a utilisation chart")
