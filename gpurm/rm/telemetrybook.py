@@ -42,11 +42,6 @@ class TelemetryBook:
         if isinstance(time_ms, int):
             entry.history.append((time_ms, utils))
 
-    def forget(self, known: set[str]) -> None:
-        """Drop nodes the RM no longer knows."""
-        for node_id in [n for n in self.nodes if n not in known]:
-            del self.nodes[node_id]
-
     def latest(self, node_id: str) -> dict[str, Any]:
         entry = self.nodes.get(node_id)
         return entry.latest if entry is not None else {}
