@@ -72,6 +72,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         ["epoch", str(info.epoch)],
         ["store", escape_controls(info.store_error) if info.store_error else "ok"],
         ["broker", info.mqtt_url or "-"],
+        ["web UI", escape_controls(info.http_url) if info.http_url else "off (rm.yaml http.enabled)"],
     ]
     table(["", ""], rows, max_last=100)
     for line in info.warnings:

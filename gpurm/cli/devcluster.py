@@ -101,6 +101,7 @@ class DevCluster:
         self.agents: list[Daemon] = []
         self.pki: DevPki | None = None
         self.client_tls: TLSConfig | None = None
+        self.http_url = ""          # the RM's web UI, once it serves
 
     def env(self) -> dict[str, str]:
         """What a shell needs to use this cluster with the CLI."""
@@ -117,6 +118,7 @@ class DevCluster:
             "listen": self.address, "state_dir": str(rm_dir),
             "mqtt": {"url": a.mqtt_url} if a.mqtt_url else {"listen": "127.0.0.1:0"},
             "heartbeat": {"interval": a.heartbeat, "missed_beats": a.missed_beats},
+            "http": {"listen": f"127.0.0.1:{a.http_port}"},
             "admins": sorted({current_user(), "root"}),
         }
         if a.queues:
@@ -199,7 +201,7 @@ class DevCluster:
                     raise CliError(f"the RM exited during start-up (code {code}); its log {self.rm.log} ends:\n"
                                    f"{tail}", code=1)
                 try:
-                    stub.GetClusterInfo(pb.ClusterInfoRequest(), timeout=1)
+                    self.http_url = stub.GetClusterInfo(pb.ClusterInfoRequest(), timeout=1).http_url
                     return
                 except grpc.RpcError:
                     time.sleep(0.1)
@@ -254,6 +256,7 @@ class DevCluster:
         state = {
             "env": self.env(), "tls": self.pki is not None,
             "pid": os.getpid(), "ready": ready, "rm_address": self.address, "state_dir": str(self.state_dir),
+            "http_url": self.http_url,
             "rm": {"pid": self.rm.proc.pid if self.rm and self.rm.proc else 0,
                    "config": str(self.state_dir / "rm" / "rm.yaml"), "log": str(self.rm.log) if self.rm else ""},
             "agents": [{"node_id": d.name, "pid": d.proc.pid if d.proc else 0, **d.extra, "log": str(d.log)}
@@ -350,6 +353,8 @@ def cmd_dev_cluster(args: argparse.Namespace) -> int:
         raise CliError(f"--racks: must be between 1 and --nodes ({args.nodes}), got {args.racks}")
     if not 0 < args.port < 65536:
         raise CliError(f"--port: {args.port} is not a port")
+    if not 0 <= args.http_port < 65536:
+        raise CliError(f"--http-port: {args.http_port} is not a port (0 picks a free one)")
     if args.nvlink_islands < 1 or args.gpus_per_node % args.nvlink_islands:
         raise CliError("--nvlink-islands: must divide --gpus-per-node")
     try:
@@ -375,6 +380,7 @@ def cmd_dev_cluster(args: argparse.Namespace) -> int:
             f"dev cluster up: {args.nodes} nodes x {args.gpus_per_node} GPUs ({total}) in {args.racks} racks\n"
             f"  RM:    {cluster.address}{' with mTLS' if cluster.pki else ''}   "
             f"(. {state_dir / 'env.sh'}  sets GPURM_RM{' and GPURM_TLS_*' if cluster.pki else ''})\n"
+            f"  web:   {cluster.http_url or 'off'}  (web UI; REST API under /api/v1)\n"
             f"  state: {state_dir}  (logs: rm/rm.log, agents/*/agent.log)\n"
             f"  jobs run as: {job_user()} (insecure mode: never as the claimed user; docs/install-agent.md)\n"
             f"  try:   gpurm submit --gpus 8 -- nvidia-smi-or-your-command; gpurm jobs; gpurm nodes\n"

@@ -207,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
              "  gpurm dev-cluster --nodes 4 --gpus-per-node 8 --racks 2\n"
              "  gpurm dev-cluster --state-dir /tmp/mycluster --port 7171   # then: . /tmp/mycluster/env.sh\n"
              "  gpurm dev-cluster --tls   # mTLS with certificates made on the fly\n"
+             "  gpurm dev-cluster --http-port 0   # the web UI on a free port (it prints the URL)\n"
              "  gpurm dev-cluster --agent-option telemetry.container_interval=1s   # usage series every second",
              common=False)
     p.add_argument("--nodes", type=int, default=4, help="agents to start (default 4)")
@@ -214,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--racks", type=int, default=2, help="racks to spread the nodes over (default 2)")
     p.add_argument("--state-dir", help="where state and logs go (default: a new temporary directory)")
     p.add_argument("--port", type=int, default=7070, help="the RM's gRPC port (default 7070)")
+    p.add_argument("--http-port", type=int, default=7080,
+                   help="the RM's web UI and REST API port (default 7080; 0 picks a free one)")
     p.add_argument("--mqtt-url", help="use this broker instead of the RM's embedded one")
     p.add_argument("--nvlink-islands", type=int, default=1, help="NVLink islands per fake server (default 1)")
     p.add_argument("--heartbeat", default="1s", help="agent heartbeat interval (default 1s)")

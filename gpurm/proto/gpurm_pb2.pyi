@@ -932,7 +932,7 @@ class ClusterInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ClusterInfo(_message.Message):
-    __slots__ = ("mqtt_url", "version", "gpus_total", "nodes", "started_ms", "insecure", "caller", "caller_admin", "epoch", "store_error", "warnings", "mqtt_username", "mqtt_password")
+    __slots__ = ("mqtt_url", "version", "gpus_total", "nodes", "started_ms", "insecure", "caller", "caller_admin", "epoch", "store_error", "warnings", "mqtt_username", "mqtt_password", "http_url")
     MQTT_URL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GPUS_TOTAL_FIELD_NUMBER: _ClassVar[int]
@@ -946,6 +946,7 @@ class ClusterInfo(_message.Message):
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
     MQTT_USERNAME_FIELD_NUMBER: _ClassVar[int]
     MQTT_PASSWORD_FIELD_NUMBER: _ClassVar[int]
+    HTTP_URL_FIELD_NUMBER: _ClassVar[int]
     mqtt_url: str
     version: str
     gpus_total: int
@@ -959,7 +960,8 @@ class ClusterInfo(_message.Message):
     warnings: _containers.RepeatedScalarFieldContainer[str]
     mqtt_username: str
     mqtt_password: str
-    def __init__(self, mqtt_url: _Optional[str] = ..., version: _Optional[str] = ..., gpus_total: _Optional[int] = ..., nodes: _Optional[int] = ..., started_ms: _Optional[int] = ..., insecure: _Optional[bool] = ..., caller: _Optional[str] = ..., caller_admin: _Optional[bool] = ..., epoch: _Optional[int] = ..., store_error: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ..., mqtt_username: _Optional[str] = ..., mqtt_password: _Optional[str] = ...) -> None: ...
+    http_url: str
+    def __init__(self, mqtt_url: _Optional[str] = ..., version: _Optional[str] = ..., gpus_total: _Optional[int] = ..., nodes: _Optional[int] = ..., started_ms: _Optional[int] = ..., insecure: _Optional[bool] = ..., caller: _Optional[str] = ..., caller_admin: _Optional[bool] = ..., epoch: _Optional[int] = ..., store_error: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ..., mqtt_username: _Optional[str] = ..., mqtt_password: _Optional[str] = ..., http_url: _Optional[str] = ...) -> None: ...
 
 class GetClusterViewRequest(_message.Message):
     __slots__ = ()

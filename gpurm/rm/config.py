@@ -24,6 +24,18 @@ def default_state_dir(component: str) -> Path:
     return Path(base) / "gpurm" / component
 
 
+HTTP_PORT = 7080                 # the web UI and REST API's default port (docs/http.md)
+MAX_HTTP_BODY = 1 << 20          # bytes of an HTTP request body (a job spec's command and env fit: docs/http.md)
+
+
+@dataclass
+class HTTPConfig:
+    """rm.yaml `http:`: the web UI and REST API (gpurm/rm/http/), served in the RM's own event loop."""
+    enabled: bool = True
+    listen: str = f"127.0.0.1:{HTTP_PORT}"   # port 0 picks a free one (the RM logs and reports the URL)
+    max_body_bytes: int = MAX_HTTP_BODY
+
+
 @dataclass
 class RMConfig:
     listen: str = "127.0.0.1:7070"
@@ -47,6 +59,7 @@ class RMConfig:
     shutdown_grace_s: float = 2.0           # on SIGTERM/SIGINT: time in-flight requests get to finish
     shutdown_timeout_s: float = 10.0        # ... and the RM exits hard this long after the signal, whatever hangs
     store_backups: int = 5                  # automatic store backups kept (one written at each start)
+    http: HTTPConfig = field(default_factory=HTTPConfig)
 
     @property
     def advertised(self) -> str:
@@ -152,6 +165,7 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     st = r.section("store")
     cfg.store_backups = st.integer("backups", cfg.store_backups, minimum=0, maximum=1000)
     st.reject_unknown()
+    cfg.http = read_http_section(r)
     cfg.settings = s
     r.reject_unknown()
     p.raise_if_any()
@@ -177,3 +191,18 @@ def read_las_thresholds(r: Reader, default: tuple[float, ...]) -> tuple[float, .
         r.error("las_thresholds", f"must be above 0 and rising, got {raw!r:.60}")
         return default
     return tuple(out)
+
+
+def read_http_section(r: Reader) -> HTTPConfig:
+    """`http: {enabled, listen, max_body_bytes}`; a non-mapping, a bad address or an unknown key names the field."""
+    out = HTTPConfig()
+    h = r.section("http")
+    out.enabled = h.flag("enabled", out.enabled)
+    out.listen = h.text("listen", out.listen)
+    try:
+        parse_address(out.listen)
+    except ValueError as exc:
+        h.error("listen", str(exc))
+    out.max_body_bytes = h.integer("max_body_bytes", out.max_body_bytes, minimum=1024, maximum=64 << 20)
+    h.reject_unknown()
+    return out

@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from gpurm.rm.persist import RETRY_S, Persister, rebuild_core
 from gpurm.rm.service import AdminService, AMService, ClientService, DecodeGuard, TrackerService
 from gpurm.rm.statedir import StateDirBusy, StateDirLock, rotate_backup
 from gpurm.rm.store import SqliteStore, StoreDamaged, StoreWriteError
+from gpurm.rm.telemetrybook import TelemetryBook
 from gpurm.rm.tokens import ClusterKeys, write_secret_file
 from gpurm.rm.views import log_container
 
@@ -103,6 +104,10 @@ class RMShell:
         self.streams: dict[str, asyncio.Queue[pb.HeartbeatResponse | None]] = {}
         self.usage: dict[str, str] = {}
         self.rightsize: dict[str, str] = {}   # phases and recommended request per container (ContainerUsage)
+        self.telemetry = TelemetryBook()      # each node's latest GPU reading and a short history (web UI)
+        self.http_url = ""                    # the web UI's address once it serves ("" = off)
+        # Extra HTTP routes (e.g. /metrics) registered before run(): each gets the aiohttp app and this shell.
+        self.http_routes: list[Callable[[Any, RMShell], None]] = []
         self.started = time.time()
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -297,6 +302,7 @@ class RMShell:
         problem = mqtt.telemetry_problem(node_id, payload)
         if problem:
             return problem
+        self.telemetry.record(node_id, payload)
         if self.publisher is not None:
             self.publisher.publish_retained(mqtt.TOPIC_TELEMETRY.format(node_id=node_id), payload)
         return ""
@@ -364,7 +370,7 @@ class RMShell:
                               nodes=len(cluster.nodes), started_ms=convert.ms(self.started),
                               insecure=self.config.tls is None, epoch=self.epoch, warnings=self.security_warnings(),
                               mqtt_username=reader.username, mqtt_password=reader.password,
-                              store_error=self.persist.error)
+                              store_error=self.persist.error, http_url=self.http_url)
         if who is not None:
             info.caller = who.describe()
             info.caller_admin = self.is_admin(who)
@@ -472,7 +478,8 @@ class RMShell:
     def new_session(self) -> str:
         return uuid.uuid4().hex
 
-    async def read_logs(self, request: pb.GetLogsRequest) -> pb.GetLogsResponse:
+    async def read_logs(self, request: pb.GetLogsRequest, tail: int = 0) -> pb.GetLogsResponse:
+        """`tail` > 0: the last `tail` bytes instead of from `request.offset` (the web UI's job page)."""
         job = self.core.get_job(request.job_id)
         container_id, node_id = log_container(self.core.containers, job, request.am, request.attempt, request.rank)
         node = self.core.cluster.nodes.get(node_id)
@@ -482,7 +489,8 @@ class RMShell:
         try:
             c = self.core.containers[container_id]
             token = self.sign(c, READ_LOG_TOKEN_S, pb.TOKEN_READ_LOG)
-            reply = await stub.ReadLog(pb.ReadLogRequest(container_id=container_id, offset=max(request.offset, 0),
+            offset = -tail if tail > 0 else max(request.offset, 0)   # negative: that many bytes before the end
+            reply = await stub.ReadLog(pb.ReadLogRequest(container_id=container_id, offset=offset,
                                                          max_bytes=request.max_bytes or 65536, token=token),
                                        timeout=AGENT_CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
@@ -514,6 +522,10 @@ class RMShell:
         problem = listen_problem(self.config.listen)
         if problem:
             raise OSError(f"cannot listen on {self.config.listen}: {problem}")
+        problem = listen_problem(self.config.http.listen) if self.config.http.enabled else ""
+        if problem:
+            raise OSError(f"cannot listen on {self.config.http.listen} (http.listen): {problem}; choose another "
+                          "port, or http.enabled: false")
         snap = self.store.load()
         self.core.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, time.time())
         kept = rotate_backup(self.store, self.config.state_dir, self.config.store_backups)
@@ -539,6 +551,14 @@ class RMShell:
         if not bound:
             raise OSError(f"cannot listen on {self.config.listen}: address in use or not available")
         await server.start()
+        try:
+            web = await self._start_http()
+        except OSError:          # taken since the check above: stop what started, then say why
+            await server.stop(grace=0)
+            await self.publisher.stop()
+            if self.broker is not None:
+                await self.broker.stop()
+            raise
         self._write_pidfile(host, bound)
         for line in self.security_warnings():
             log.warning("%s", line)
@@ -560,6 +580,8 @@ class RMShell:
                 t.cancel()
             for q in list(self.streams.values()):
                 q.put_nowait(None)
+            if web is not None:
+                await web.stop()
             await server.stop(grace=self.config.shutdown_grace_s)
             for task in list(self._tasks):
                 task.cancel()
@@ -570,10 +592,23 @@ class RMShell:
                 await self.broker.stop()
             self.store.close()
 
+    async def _start_http(self) -> Any:
+        """The web UI and REST API in this event loop (rm.yaml `http:`); None when turned off."""
+        if not self.config.http.enabled:
+            log.info("HTTP (web UI, REST API) off: http.enabled is false")
+            return None
+        from gpurm.rm.http.server import HttpServer
+
+        web = HttpServer(self, self.config.http, self.config.tls, extra=self.http_routes)
+        self.http_url = await web.start()
+        log.info("web UI and REST API on %s", self.http_url)
+        return web
+
     def _write_pidfile(self, host: str, port: int) -> None:
         path = self.config.state_dir / "rm.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"pid": os.getpid(), "address": f"{host}:{port}", "mqtt_url": self.mqtt_url}))
+        tmp.write_text(json.dumps({"pid": os.getpid(), "address": f"{host}:{port}", "mqtt_url": self.mqtt_url,
+                                   "http_url": self.http_url}))
         os.replace(tmp, path)
 
 

@@ -58,6 +58,11 @@ def peer_is_local(peer: str) -> bool:
         host = rest.rpartition(":")[0].strip("[]")
     else:
         return False
+    return address_is_local(host)
+
+
+def address_is_local(host: str) -> bool:
+    """Whether an IP address (`127.0.0.1`, `::1`, `::ffff:127.0.0.1`) is this host's loopback."""
     try:
         addr = ipaddress.ip_address(host)
     except ValueError:
@@ -73,7 +78,12 @@ def identify(context: Any) -> Caller:
         local = peer_is_local(context.peer() or "")
     except Exception:
         local = False
-    name = tls.peer_name(context)
+    return caller_of(tls.peer_name(context), metadata(context, USER_KEY), local)
+
+
+def caller_of(name: str | None, claimed: str, local: bool) -> Caller:
+    """The caller from a verified certificate name (None: no certificate) or, without one, the claimed user.
+    gRPC (identify above) and HTTP (rm/http/auth.py) both decide here."""
     if name is not None:
         node = tls.node_of(name)
         if node is not None:
@@ -81,5 +91,4 @@ def identify(context: Any) -> Caller:
         if name.startswith(AM_PREFIX):
             return Caller(name[:128], CallerKind.AM, True, local)
         return Caller(name[:MAX_USER], CallerKind.USER, True, local)
-    claimed = metadata(context, USER_KEY)[:MAX_USER] or "unknown"
-    return Caller(claimed, CallerKind.USER, False, local)
+    return Caller(claimed[:MAX_USER] or "unknown", CallerKind.USER, False, local)

@@ -21,6 +21,7 @@ from gpurm.rm import convert, tls
 from gpurm.rm.identity import AM_TOKEN_KEY, USER_KEY, Caller, CallerKind, identify, metadata
 from gpurm.rm.jobspec import spec_from_proto
 from gpurm.rm.messages import ErrorCode, HeartbeatAction, RequestError
+from gpurm.rm.model import Job
 from gpurm.rm.tokens import check_am_token
 
 if TYPE_CHECKING:
@@ -142,7 +143,11 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
 
 def caller(context: Ctx) -> str:
     """The user making this call (see rm/identity.py): a node's or an AM's certificate acts as no user."""
-    who = identify(context)
+    return user_of(identify(context))
+
+
+def user_of(who: Caller) -> str:
+    """The user a caller acts as (gRPC and HTTP alike); RequestError for a node's or an AM's certificate."""
     if who.kind is not CallerKind.USER:
         raise RequestError(ErrorCode.PERMISSION_DENIED,
                            f"the certificate {who.name} is {'a node' if who.kind is CallerKind.NODE else 'an AM'}'s;"
@@ -152,6 +157,14 @@ def caller(context: Ctx) -> str:
 
 def _now() -> float:
     return time.time()
+
+
+def check_may_read_logs(shell: RMShell, who: Caller, job: Job) -> None:
+    """RequestError(PERMISSION_DENIED) unless `who` may read the job's logs (gRPC GetLogs and HTTP alike)."""
+    if not shell.may_see(who, job):
+        raise RequestError(ErrorCode.PERMISSION_DENIED,
+                           f"{who.name} may not read the logs of {job.job_id}: only its owner ({job.user}), the "
+                           f"admins of queue {job.queue.removeprefix('root.')} and RM admins may")
 
 
 class ClientService(pbg.ClientServicer):
@@ -203,12 +216,7 @@ class ClientService(pbg.ClientServicer):
 
     @rpc
     async def GetLogs(self, request: pb.GetLogsRequest, context: Ctx) -> pb.GetLogsResponse:
-        who = identify(context)
-        job = self.shell.core.get_job(request.job_id)
-        if not self.shell.may_see(who, job):
-            raise RequestError(ErrorCode.PERMISSION_DENIED,
-                               f"{who.name} may not read the logs of {job.job_id}: only its owner ({job.user}), the "
-                               f"admins of queue {job.queue.removeprefix('root.')} and RM admins may")
+        check_may_read_logs(self.shell, identify(context), self.shell.core.get_job(request.job_id))
         return await self.shell.read_logs(request)
 
     @rpc

@@ -18,6 +18,7 @@ agent's has CN = `node:<node_id>` (NODE_PREFIX), and the AM an agent starts pres
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +131,27 @@ def server_credentials(tls: TLSConfig) -> grpc.ServerCredentials:
     """Serve with this certificate; every client must present one signed by the CA."""
     return grpc.ssl_server_credentials([(tls.key_pem, tls.cert_pem)], root_certificates=tls.ca_pem,
                                        require_client_auth=True)
+
+
+def server_ssl_context(tls: TLSConfig) -> ssl.SSLContext:
+    """The same material for HTTPS (the RM's web UI and REST API): serve with this certificate and require a
+    client certificate signed by the CA, as gRPC does."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cadata=tls.ca_pem.decode())
+    ctx.load_cert_chain(tls.cert, tls.key)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
+
+
+def certificate_name(peercert: Any) -> str | None:
+    """The CN of a verified peer certificate as Python's ssl module gives it (`getpeercert()`), or None."""
+    if not isinstance(peercert, dict):
+        return None
+    for rdn in peercert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName" and isinstance(value, str):
+                return value
+    return None
 
 
 def channel_credentials(tls: TLSConfig) -> grpc.ChannelCredentials:

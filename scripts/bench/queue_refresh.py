@@ -82,6 +82,7 @@ def start_rm(state: Path, env: dict[str, str] | None) -> tuple[subprocess.Popen[
     port = free_port()
     config = state / "rm.yaml"
     config.write_text(yaml.safe_dump({"listen": f"127.0.0.1:{port}", "state_dir": str(state / "rm"),
+                                      "http": {"listen": "127.0.0.1:0"},
                                       "admins": [getpass.getuser()]}))
     with open(state / "rm.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "gpurm.cli.main", "rm", "--config", str(config)],

@@ -49,7 +49,7 @@ def record(jobs: int, interval: float, scale: float, epochs: int, mem_mib: int, 
     log = (state / "dev-cluster.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpurm.cli.main", "dev-cluster", "--nodes", "1", "--racks", "1",
-         "--gpus-per-node", str(max(jobs, 1)), "--state-dir", str(state), "--port", str(port),
+         "--gpus-per-node", str(max(jobs, 1)), "--state-dir", str(state), "--port", str(port), "--http-port", "0",
          "--agent-option", f"telemetry.container_interval={interval}s",
          "--agent-option", f"telemetry.interval={interval}s"],
         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)

@@ -65,7 +65,7 @@ def main() -> int:
     with open(state / "dev-cluster.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "gpurm.cli.main", "dev-cluster", "--nodes", "4",
                                  "--gpus-per-node", "8", "--racks", "2", "--port", str(port), "--state-dir",
-                                 str(state)], stdout=subprocess.DEVNULL, stderr=log)
+                                 str(state), "--http-port", "0"], stdout=subprocess.DEVNULL, stderr=log)
     try:
         while not (state / "cluster.json").exists() or not json.loads((state / "cluster.json").read_text())["ready"]:
             if proc.poll() is not None:

@@ -42,7 +42,7 @@ class DevCluster:
         self.address = f"127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "gpurm.cli.main", "dev-cluster", "--nodes", str(nodes), "--gpus-per-node",
                 str(gpus_per_node), "--racks", str(racks), "--state-dir", str(state_dir), "--port", str(self.port),
-                *extra]
+                "--http-port", "0", *extra]
         if broker is not None:
             args += broker.dev_cluster_args()
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -71,6 +71,11 @@ class DevCluster:
     def info(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads((self.state_dir / "cluster.json").read_text())
         return data
+
+    @property
+    def http_url(self) -> str:
+        """The RM's web UI and REST API (the dev cluster asks for a free port)."""
+        return str(self.info.get("http_url", ""))
 
     def agent_pid(self, node_id: str) -> int:
         return next(int(a["pid"]) for a in self.info["agents"] if a["node_id"] == node_id)

@@ -101,7 +101,8 @@ class RMProcess:
         workdir.mkdir(parents=True, exist_ok=True)
         self.config.write_text(yaml.safe_dump({
             "listen": self.address, "state_dir": str(self.state_dir), "mqtt": broker.rm_config(),
-            "admins": [USER], "heartbeat": {"interval": heartbeat, "missed_beats": missed_beats}, **settings}))
+            "admins": [USER], "heartbeat": {"interval": heartbeat, "missed_beats": missed_beats},
+            "http": {"listen": "127.0.0.1:0"}, **settings}))
         self.log_path = workdir / "rm.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.client_tls = client_tls

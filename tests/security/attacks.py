@@ -591,7 +591,7 @@ def dev_cluster(tls_on: bool, nodes: int = 3, workdir: Path | None = None) -> It
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     args = [sys.executable, "-m", "gpurm.cli.main", "dev-cluster", "--nodes", str(nodes), "--gpus-per-node", "4",
-            "--racks", "1", "--port", str(port), "--state-dir", str(state),
+            "--racks", "1", "--port", str(port), "--state-dir", str(state), "--http-port", "0",
             "--rm-option", f"listen=0.0.0.0:{port}", "--rm-option", f"advertise=127.0.0.1:{port}",
             "--rm-option", "limits.handshake_timeout=3s", *(["--tls"] if tls_on else [])]
     with (state / "dev-cluster.log").open("wb") as log:

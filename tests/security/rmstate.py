@@ -49,6 +49,7 @@ def rm_config(workdir: Path, state_dir: Path, broker: TestBroker, **settings: ob
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / f"rm-{free_port()}.yaml"
     config.write_text(yaml.safe_dump({"listen": f"127.0.0.1:{free_port()}", "state_dir": str(state_dir),
+                                      "http": {"listen": "127.0.0.1:0"},
                                       "mqtt": broker.rm_config(), "admins": [USER], **settings}))
     return config
 

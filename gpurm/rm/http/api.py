@@ -1,0 +1,311 @@
+"""The REST API under /api/v1 (docs/http.md). Each route calls the same RM methods as the gRPC handler of the
+same name (rm/service.py): the same core calls, the same authorisation (who may see env values and logs, who may
+kill), the same protobuf views (rm/pbviews.py, rm/convert.py), turned into JSON by jsonview.py.
+
+The functions that build an answer (`cluster_summary`, `job_page`, ...) are shared with the web UI (pages.py),
+so a page never shows what the API would refuse its caller.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from gpurm.proto import gpurm_pb2 as pb
+from gpurm.queues.fields import ConfigError
+from gpurm.rm import convert
+from gpurm.rm.cluster import SHARED, NodeState
+from gpurm.rm.http import openapi
+from gpurm.rm.http.jsonview import to_json
+from gpurm.rm.identity import Caller
+from gpurm.rm.jobspec import spec_from_mapping
+from gpurm.rm.messages import ErrorCode, RequestError
+from gpurm.rm.model import JobState
+from gpurm.rm.service import check_may_read_logs, user_of
+
+if TYPE_CHECKING:
+    from gpurm.rm.daemon import RMShell
+
+PREFIX = "/api/v1"
+SHELL: web.AppKey[RMShell] = web.AppKey("shell")
+MTLS: web.AppKey[bool] = web.AppKey("mtls")
+CALLER: web.RequestKey[Caller] = web.RequestKey("caller", Caller)     # who asks, set by the server's middleware
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+TAIL_BYTES = 8192           # a log tail on the job page
+MAX_LOG_BYTES = 1 << 20
+STATES = {s.name: s for s in JobState}
+
+
+def shell_of(request: web.Request) -> RMShell:
+    return request.app[SHELL]
+
+
+def caller(request: web.Request) -> Caller:
+    return request[CALLER]
+
+
+def bad(field: str, message: str) -> RequestError:
+    return RequestError(ErrorCode.INVALID_ARGUMENT, f"{field}: {message}")
+
+
+def int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise bad(name, f"must be an integer from {lo} to {hi}, got {raw[:40]!r}") from None
+    if not lo <= value <= hi:
+        raise bad(name, f"must be an integer from {lo} to {hi}, got {value}")
+    return value
+
+
+def states_param(request: web.Request) -> list[JobState]:
+    """`state=RUNNING&state=QUEUED` or `state=RUNNING,QUEUED` (the CLI's names, any case)."""
+    out = []
+    for raw in request.query.getall("state", []):
+        for name in filter(None, (x.strip().upper() for x in raw.split(","))):
+            if name not in STATES:
+                raise bad("state", f"unknown job state {name[:40]!r}; one of {', '.join(STATES)}")
+            out.append(STATES[name])
+    return out
+
+
+# ---------------------------------------------------------------- views shared with the web UI
+
+
+def cluster_summary(shell: RMShell, who: Caller) -> dict[str, Any]:
+    """The cluster at a glance: the RM, GPUs free / used / unhealthy, nodes by state, jobs by state, and each
+    rack's servers with every GPU's state (the web UI's grid)."""
+    info = to_json(shell.cluster_info(who))
+    for secret in ("mqtt_username", "mqtt_password"):   # broker logins travel over gRPC only
+        info.pop(secret, None)
+    core = shell.core
+    racks: dict[str, list[dict[str, Any]]] = {}
+    gpus = {"total": 0, "free": 0, "used": 0, "shared": 0, "unhealthy": 0, "offline": 0}
+    for node in sorted(core.cluster.nodes.values(), key=lambda n: n.node_id):
+        cells = []
+        for index, gpu in sorted(node.gpus.items()):
+            holder = node.allocated.get(index)
+            jobs: list[str] = []
+            if not gpu.healthy:
+                state = "unhealthy"
+            elif holder == SHARED:
+                state, jobs = "shared", sorted({c.rsplit("-c", 1)[0] for c in node.shared.get(index, {})})
+            elif holder is not None:
+                state, jobs = "used", [holder.rsplit("-c", 1)[0]]
+            elif node.state is not NodeState.RUNNING:
+                state = "offline"
+            else:
+                state = "free"
+            gpus["total"] += 1
+            gpus[state] += 1
+            cells.append({"index": index, "state": state, "jobs": jobs, "healthy": gpu.healthy,
+                          "health_reason": gpu.health_reason})
+        racks.setdefault(node.rack, []).append({
+            "node_id": node.node_id, "state": node.state.name, "gpus": cells, "gpus_free": node.free,
+            "health_report": node.health_report})
+    jobs_by_state = dict.fromkeys(STATES, 0)
+    for job in core.jobs.values():
+        jobs_by_state[job.state.name] += 1
+    nodes_by_state: dict[str, int] = {}
+    for node in core.cluster.nodes.values():
+        nodes_by_state[node.state.name] = nodes_by_state.get(node.state.name, 0) + 1
+    return {"rm": info, "gpus": gpus, "nodes": nodes_by_state, "jobs": jobs_by_state,
+            "racks": [{"rack": rack, "nodes": nodes} for rack, nodes in sorted(racks.items())],
+            "time_ms": convert.ms(time.time())}
+
+
+def job_list(shell: RMShell, who: Caller, states: list[JobState], queue: str, user: str, limit: int,
+             cursor: str = "", offset: int = 0) -> dict[str, Any]:
+    """Jobs newest first, filtered as gRPC ListJobs filters them, a page at a time: after `cursor` (the
+    `next_cursor` of the page before) or from `offset`."""
+    core = shell.core
+    found = core.list_jobs(states, queue, user, 0)
+    found.reverse()
+    if cursor:
+        try:
+            before = int(cursor)
+        except ValueError:
+            raise bad("cursor", f"not a cursor this API returned: {cursor[:40]!r}") from None
+        found_page = [j for j in found if j.seq < before]
+    else:
+        found_page = found[offset:]
+    page = found_page[:limit]
+    flagged = core.preemptible_jobs()
+    more = len(found_page) > limit
+    return {"jobs": [to_json(shell.job_pb(j, full=False, preemptible_jobs=flagged, private=shell.may_see(who, j)))
+                     for j in page],
+            "total": len(found), "limit": limit, "offset": 0 if cursor else offset,
+            "next_cursor": str(page[-1].seq) if more and page else None}
+
+
+def job_detail(shell: RMShell, who: Caller, job_id: str) -> dict[str, Any]:
+    job = shell.core.get_job(job_id)
+    out = to_json(shell.job_pb(job, private=shell.may_see(who, job)))
+    out["may_see_private"] = shell.may_see(who, job)
+    out["may_kill"] = who.kind.value == "user" and shell.core.may_kill(
+        job, who.name, shell.groups_of(who.name), rm_admin=shell.is_admin(who))
+    return out
+
+
+def job_utilisation(shell: RMShell, job_id: str) -> dict[str, Any]:
+    """GPU utilisation over time of the job's latest attempt, from its servers' telemetry (none: say so)."""
+    job = shell.core.get_job(job_id)
+    attempt = job.current_attempt
+    series: dict[str, Any] = {}
+    if attempt is not None:
+        for learner in attempt.learners:
+            if learner.node_id:
+                points = shell.telemetry.series(learner.node_id, set(learner.gpu_indices))
+                if points:
+                    series[f"rank {learner.rank} ({learner.node_id})"] = points
+    note = "" if series else ("no GPU telemetry for this job's GPUs in the RM yet (agents send it every "
+                              "telemetry.interval; the RM keeps the last 15 minutes in memory)")
+    return {"series": series, "note": note}
+
+
+def node_detail(shell: RMShell, node_id: str) -> dict[str, Any]:
+    node = shell.core.cluster.nodes.get(node_id)
+    if node is None:
+        raise RequestError(ErrorCode.NOT_FOUND, f"node {node_id[:128]} is unknown to this RM")
+    out = to_json(convert.node_to_pb(node))
+    out["telemetry"] = shell.telemetry.latest(node_id)
+    out["utilisation"] = shell.telemetry.series(node_id)
+    return out
+
+
+def queue_list(shell: RMShell) -> dict[str, Any]:
+    return to_json(shell.queues_pb())
+
+
+async def read_json(request: web.Request, required: bool = True) -> dict[str, Any]:
+    """The body as a JSON object (size limited by the app's client_max_size)."""
+    raw = await request.read()
+    if not raw.strip() and not required:
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad("body", f"not valid JSON ({str(exc)[:120]})") from None
+    if not isinstance(data, dict):
+        raise bad("body", f"must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+# ---------------------------------------------------------------- routes
+
+
+async def get_cluster(request: web.Request) -> web.Response:
+    return web.json_response(cluster_summary(shell_of(request), caller(request)))
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    cursor = request.query.get("cursor", "")
+    offset = int_param(request, "offset", 0, 0, 10**9)
+    if cursor and offset:
+        raise bad("cursor", "give cursor or offset, not both")
+    limit = int_param(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+    return web.json_response(job_list(shell_of(request), caller(request), states_param(request),
+                                      request.query.get("queue", "")[:256], request.query.get("user", "")[:64],
+                                      limit, cursor[:40], offset))
+
+
+async def get_job(request: web.Request) -> web.Response:
+    return web.json_response(job_detail(shell_of(request), caller(request), request.match_info["job_id"]))
+
+
+async def submit_job(request: web.Request) -> web.Response:
+    """The body is a job spec as in a job file (docs/jobs.md), in JSON; the `Idempotency-Key` header, when given,
+    is the submit id (a retry returns the same job), as gRPC's submit_id."""
+    shell = shell_of(request)
+    user = user_of(caller(request))
+    data = await read_json(request)
+    try:
+        spec = spec_from_mapping(data, "spec")
+    except ConfigError as exc:
+        raise ConfigError([p.removeprefix("spec: ") for p in exc.problems]) from None
+    with shell.mutation():
+        job = shell.core.submit(spec, user, time.time(), request.headers.get("Idempotency-Key", "")[:128],
+                                shell.groups_of(user))
+    return web.json_response({"job_id": job.job_id, "queue": job.queue}, status=201)
+
+
+async def kill_job(request: web.Request) -> web.Response:
+    shell = shell_of(request)
+    who = caller(request)
+    user = user_of(who)
+    data = await read_json(request, required=False)
+    reason = data.get("reason", "")
+    if not isinstance(reason, str):
+        raise bad("reason", f"must be a string, got {type(reason).__name__}")
+    with shell.mutation():
+        job = shell.core.kill(request.match_info["job_id"], user, reason[:500], time.time(), shell.groups_of(user),
+                              rm_admin=shell.is_admin(who))
+    return web.json_response({"job": to_json(shell.job_pb(job))})
+
+
+async def job_logs(request: web.Request) -> web.Response:
+    """A range of one log: a learner's (`rank`, `attempt`; 0 = the latest) or the AM's (`am=true`), from
+    `offset`, or its last `tail` bytes."""
+    shell = shell_of(request)
+    job = shell.core.get_job(request.match_info["job_id"])
+    check_may_read_logs(shell, caller(request), job)
+    am = request.query.get("am", "false").lower()
+    if am not in ("true", "false", "1", "0"):
+        raise bad("am", f"must be true or false, got {am[:20]!r}")
+    req = pb.GetLogsRequest(job_id=job.job_id, rank=int_param(request, "rank", 0, 0, 1 << 20),
+                            attempt=int_param(request, "attempt", 0, 0, 1 << 20),
+                            offset=int_param(request, "offset", 0, 0, 1 << 62),
+                            max_bytes=int_param(request, "max_bytes", 65536, 1, MAX_LOG_BYTES),
+                            am=am in ("true", "1"))
+    tail = int_param(request, "tail", 0, 0, MAX_LOG_BYTES)
+    reply = await shell.read_logs(req, tail=tail)
+    return web.json_response(to_json(reply))
+
+
+async def job_utilisation_route(request: web.Request) -> web.Response:
+    return web.json_response(job_utilisation(shell_of(request), request.match_info["job_id"]))
+
+
+async def list_nodes(request: web.Request) -> web.Response:
+    nodes = sorted(shell_of(request).core.cluster.nodes.values(), key=lambda n: n.node_id)
+    return web.json_response({"nodes": [to_json(convert.node_to_pb(n)) for n in nodes]})
+
+
+async def get_node(request: web.Request) -> web.Response:
+    return web.json_response(node_detail(shell_of(request), request.match_info["node_id"]))
+
+
+async def list_queues(request: web.Request) -> web.Response:
+    return web.json_response(queue_list(shell_of(request)))
+
+
+async def openapi_document(request: web.Request) -> web.Response:
+    return web.json_response(openapi.document())
+
+
+ROUTES: list[tuple[str, str, Any]] = [
+    ("GET", "/cluster", get_cluster),
+    ("GET", "/jobs", list_jobs),
+    ("POST", "/jobs", submit_job),
+    ("GET", "/jobs/{job_id}", get_job),
+    ("DELETE", "/jobs/{job_id}", kill_job),
+    ("POST", "/jobs/{job_id}/kill", kill_job),
+    ("GET", "/jobs/{job_id}/logs", job_logs),
+    ("GET", "/jobs/{job_id}/utilisation", job_utilisation_route),
+    ("GET", "/nodes", list_nodes),
+    ("GET", "/nodes/{node_id}", get_node),
+    ("GET", "/queues", list_queues),
+    ("GET", "/openapi.json", openapi_document),
+]
+
+
+def register(app: web.Application) -> None:
+    for method, path, handler in ROUTES:
+        app.router.add_route(method, PREFIX + path, handler)
