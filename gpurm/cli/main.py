@@ -1,7 +1,8 @@
 """`gpurm`: submit and watch jobs, inspect the cluster, run the daemons.
 
-Exit codes: 0 success; 1 the thing asked about failed (a job waited on ended badly); 2 bad input, an unknown
-job or an unreachable RM (a one-line message says what to do); 130 interrupted.
+Exit codes: 0 success; 1 the thing asked about failed (a job waited on ended badly); 2 bad input or an unknown
+job (a one-line message says what to do); 3 the RM could not be reached, after riding out an outage for
+--retry-for (default 60s); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def _common() -> argparse.ArgumentParser:
     p.add_argument("--rm", metavar="HOST:PORT", help="the RM to talk to (default: $GPURM_RM, else 127.0.0.1:7070)")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table",
                    help="table for people (default), json for scripts")
+    p.add_argument("--retry-for", metavar="DURATION",
+                   help="while the RM is unreachable (restarting, failing over), retry for this long, then exit 3 "
+                        "(default: $GPURM_RETRY_FOR, else 60s; 0: fail at once)")
     return p
 
 

@@ -245,6 +245,7 @@ class RMShell:
             "GPURM_RM": self.config.advertised,
             "GPURM_JOB_ID": effect.job_id,
             "GPURM_AM_ATTEMPT": str(effect.am_attempt),
+            "GPURM_AM_RETRY_FOR": f"{self.config.am_rm_retry_for_s:g}",
             "GPURM_AM_TOKEN": self.fresh_am_token(effect.job_id, effect.am_attempt,
                                                   max(self.core.settings.token_ttl_s,
                                                       self.core.settings.am_register_timeout_s + 60)),

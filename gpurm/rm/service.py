@@ -21,6 +21,7 @@ from gpurm.rm import convert, tls
 from gpurm.rm.identity import AM_TOKEN_KEY, USER_KEY, Caller, CallerKind, identify, metadata
 from gpurm.rm.jobspec import spec_from_proto
 from gpurm.rm.messages import ErrorCode, HeartbeatAction, RequestError
+from gpurm.rm.retry import ANSWERED
 from gpurm.rm.tokens import check_am_token
 
 if TYPE_CHECKING:
@@ -68,9 +69,10 @@ def rpc(fn: Handler[R]) -> Handler[R]:
         try:
             return await fn(self, request, context)
         except RequestError as exc:
-            await context.abort(_CODES[exc.code], status_details(exc.message))
+            await context.abort(_CODES[exc.code], status_details(exc.message), trailing_metadata=ANSWERED)
         except ConfigError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, status_details(*exc.problems))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, status_details(*exc.problems),
+                                trailing_metadata=ANSWERED)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception as exc:

@@ -155,8 +155,10 @@ def test_unreachable_rm_is_one_line(cluster: DevCluster) -> None:
 
     r = cluster.gpurm("--help")
     assert r.code == 0 and "example" in r.out
-    r = cluster.gpurm("submit", "--gpus", "1", "--", "true", env={"GPURM_RM": f"127.0.0.1:{free_port()}"})
-    assert r.code == 2 and "cannot reach the RM" in r.err and len(r.err.strip().splitlines()) == 1
+    # --retry-for 0 (GPURM_RETRY_FOR=0): no riding out an outage; exit 3 says the RM could not be reached.
+    r = cluster.gpurm("submit", "--gpus", "1", "--", "true",
+                      env={"GPURM_RM": f"127.0.0.1:{free_port()}", "GPURM_RETRY_FOR": "0"})
+    assert r.code == 3 and "cannot reach the RM" in r.err and len(r.err.strip().splitlines()) == 1
 
 
 def test_sigkilled_agent_shows_lost_within_the_expiry(tmp_path: Path, broker: TestBroker) -> None:
