@@ -44,8 +44,8 @@ def _sub(subs: argparse._SubParsersAction, name: str, help_text: str, example: s
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gpurm.cli import acct, broker, cluster, daemons, devcluster, jobs, sim
     from gpurm.cli import admin as admin_cli
-    from gpurm.cli import broker, cluster, daemons, devcluster, jobs, sim
 
     parser = argparse.ArgumentParser(
         prog="gpurm", formatter_class=Formatter,
@@ -129,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", help="job id of an elastic job")
     p.add_argument("gpus", type=int, help="its new size, between the job's min and max GPUs")
     p.set_defaults(func=jobs.cmd_scale)
+
+    p = _sub(subs, "acct", "accounting: GPU-hours, job counts, queueing time and outcomes of finished jobs, per user, "
+             "queue and/or day", acct.EXAMPLE, common=False)
+    acct.add_arguments(p)
+    p.set_defaults(func=acct.cmd_acct)
 
     p = _sub(subs, "nodes", "list nodes: rack, GPUs free/total, state", "  gpurm nodes\n  gpurm nodes -o json")
     p.set_defaults(func=cluster.cmd_nodes)
