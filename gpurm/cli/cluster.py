@@ -96,6 +96,8 @@ def cmd_refresh_queues(args: argparse.Namespace) -> int:
             raise CliError(f"{args.file} is empty; a queue config needs at least one queue")
     rm = connect(args)
     reply = rm.call(rm.admin.RefreshQueues, pb.RefreshQueuesRequest(yaml=text))
+    for warning in reply.warnings:
+        sys.stderr.write(f"gpurm admin refresh-queues: warning: {warning}\n")
     if args.output == "json":
         print_json(reply)
         return 0 if reply.applied else 2
@@ -108,7 +110,7 @@ def cmd_refresh_queues(args: argparse.Namespace) -> int:
 
 def cmd_check_queues(args: argparse.Namespace) -> int:
     """Validate a queues file offline and show the steady shares it gives a cluster of N GPUs."""
-    from gpurm.queues.config import parse_queues
+    from gpurm.queues.config import capacity_warnings, parse_queues
     from gpurm.queues.fairshare import compute_shares
     from gpurm.queues.fields import ConfigError
 
@@ -129,6 +131,9 @@ def cmd_check_queues(args: argparse.Namespace) -> int:
                 sys.stderr.write(f"  {problem}\n")
         return 2
     shares = compute_shares(tree.share_tree(), args.capacity)
+    # Valid but over-promising for this capacity: said on stderr (the JSON on stdout keeps its shape), exit 0.
+    for warning in capacity_warnings(tree, args.capacity):
+        sys.stderr.write(f"gpurm admin check-queues: warning: {warning}\n")
     if args.output == "json":
         print_json({q.path: {"steady_share": shares.steady.get(q.path, 0), "weight": q.weight,
                              "min_gpus": q.min_gpus, "max_gpus": q.max_gpus, "leaf": q.leaf,
