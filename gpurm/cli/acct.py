@@ -109,8 +109,13 @@ def _cells(r: dict[str, object], by: list[str], label: str = "") -> list[object]
     keys: list[object] = [r[g] for g in by]
     if label and keys:
         keys[0] = label
-    return [*keys, r["jobs"], r["succeeded"], r["failed"], r["killed"], r["preempted"], f"{r['gpu_hours']:.2f}",
+    return [*keys, r["jobs"], r["succeeded"], r["failed"], r["killed"], r["preempted"], _hours(r["gpu_hours"]),
             _dur(r["wait_mean_s"]), _dur(r["wait_max_s"])]
+
+
+def _hours(value: object) -> str:
+    hours = float(value) if isinstance(value, int | float) else 0.0
+    return "<0.01" if 0 < hours < 0.005 else f"{hours:.2f}"
 
 
 def _dur(seconds: object) -> str:
