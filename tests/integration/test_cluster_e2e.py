@@ -190,3 +190,16 @@ def test_sigterm_to_the_dev_cluster_leaves_no_orphan(tmp_path: Path, broker: Tes
     assert len(job_pids) >= 4
     assert c.stop() == 0
     assert [p for p in [*daemons, *job_pids] if alive(p)] == []
+
+
+def test_a_one_node_dev_cluster_runs_a_job(tmp_path: Path, broker: TestBroker) -> None:
+    # `gpurm dev-cluster --nodes 1` was refused: its default --racks 2 is more racks than nodes.
+    c = DevCluster(tmp_path / "one", nodes=1, gpus_per_node=2, racks=None, broker=broker)
+    try:
+        assert "1 node x 2 GPUs (2) in 1 rack" in c.log_text()
+        (node,) = c.nodes()
+        assert node.rack == "rack-1"
+        job = c.submit("--gpus", "2", "--", "true")
+        assert c.wait_job(job).state == pb.JOB_SUCCEEDED
+    finally:
+        assert c.stop() == 0, c.log_text()
