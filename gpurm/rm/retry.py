@@ -12,7 +12,9 @@ refresh-queues) or deduplicated by the RM (a submit carries a `submit_id`; an AM
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 # gRPC status names (grpc.StatusCode.X.name) that mean "the RM is away", not "the RM said no".
 TRANSIENT = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
@@ -48,11 +50,11 @@ def transient(code_name: str, details: str = "", answered: bool = False, reached
     return reached or PLAIN_TO_TLS not in text
 
 
-def answered(trailing_metadata: object) -> bool:
+def answered(trailing_metadata: Iterable[Any] | None) -> bool:
     """Whether a failed call's trailing metadata carries the RM's own mark (see ANSWERED_KEY)."""
     try:
-        return any(k == ANSWERED_KEY for k, _ in trailing_metadata or ())  # type: ignore[attr-defined]
-    except (TypeError, ValueError):
+        return any(key == ANSWERED_KEY for key, _ in trailing_metadata or ())
+    except (TypeError, ValueError):      # not pairs: not the RM's mark
         return False
 
 
