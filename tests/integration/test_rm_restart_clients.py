@@ -147,3 +147,17 @@ def test_acct_counts_finished_jobs_from_the_store_after_a_restart(cluster: tuple
     assert done.returncode == 0 and "GPU-HOURS" in done.stdout.splitlines()[1], done.stdout
     done = cli(rm, "acct", "--by", "month")
     assert done.returncode == 2 and "--by: unknown grouping 'month'" in done.stderr
+
+
+def test_the_rm_marks_its_own_refusals(cluster: tuple[RMProcess, AgentProcess]) -> None:
+    # So that a client never takes a refusal the RM made (even an UNAVAILABLE one) for the RM being away.
+    import grpc
+
+    from gpurm.rm.retry import ANSWERED_KEY, answered
+
+    rm, _agent = cluster
+    with pytest.raises(grpc.RpcError) as err:
+        rm.client.GetJob(pb.GetJobRequest(job_id="job-999999"), timeout=10)
+    assert err.value.code() is grpc.StatusCode.NOT_FOUND
+    assert answered(err.value.trailing_metadata()), err.value.trailing_metadata()
+    assert ANSWERED_KEY == "x-gpurm-answered"
