@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -148,3 +149,17 @@ def test_retry_window_from_flag_or_environment(monkeypatch: pytest.MonkeyPatch) 
     assert retry_window(None) == 120 and retry_window("0") == 0 and retry_window("5s") == 5
     with pytest.raises(CliError, match="--retry-for"):
         retry_window("soon")
+
+
+def test_the_ams_window_comes_from_rm_yaml(tmp_path: Path) -> None:
+    from gpurm.queues.fields import ConfigError
+    from gpurm.rm.config import load_rm_config
+
+    path = tmp_path / "rm.yaml"
+    path.write_text("listen: 127.0.0.1:7070\n")
+    assert load_rm_config(path).am_rm_retry_for_s == AM_POLICY.give_up_s == 600
+    path.write_text("am: {rm_retry_for: 30m}\n")
+    assert load_rm_config(path).am_rm_retry_for_s == 1800
+    path.write_text("am: {rm_retry_for: soon}\n")
+    with pytest.raises(ConfigError, match=r"am\.rm_retry_for"):
+        load_rm_config(path)
