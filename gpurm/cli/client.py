@@ -83,6 +83,7 @@ class RM:
         self.clock = clock
         self.sleep = sleep
         self.reached = False      # an answer came from the RM (then a closed socket means it went away)
+        self.tty = sys.stderr.isatty()
         try:
             self.tls = tls.tls_from_env()
         except ConfigError as exc:
@@ -109,12 +110,19 @@ class RM:
                     why = (details or "").strip().split("\n")[0][:120] or (code.name if code else "?")
                     _say(f"RM at {self.address} unreachable ({why}); retrying for "
                          f"{format_duration(self.policy.give_up_s)} ...")
+                elif self.tty:        # a terminal: the time left, rewritten in place
+                    _say(f"\r\x1b[2K  still unreachable, {format_duration(outage.left(now) or 0)} left ...",
+                         end="")
                 delay = outage.next_delay(now)
                 if delay is None:
+                    if self.tty and outage.tries:
+                        _say("")
                     raise self.translate(exc, outage) from None
                 self.sleep(delay)
                 continue
             if outage is not None:
+                if self.tty and outage.tries > 1:
+                    _say("")
                 _say(f"RM at {self.address} answers again after {format_duration(outage.elapsed(self.clock()))}")
             self.reached = True
             return reply
@@ -149,6 +157,6 @@ def _status(exc: grpc.RpcError) -> tuple[grpc.StatusCode | None, str]:
     return code, details or ""
 
 
-def _say(line: str) -> None:
-    sys.stderr.write(line + "\n")
+def _say(line: str, end: str = "\n") -> None:
+    sys.stderr.write(line + end)
     sys.stderr.flush()

@@ -106,6 +106,18 @@ def test_a_call_rides_out_an_rm_restart(capsys: pytest.CaptureFixture[str]) -> N
     rm.close()
 
 
+def test_on_a_terminal_the_time_left_is_rewritten_in_place(capsys: pytest.CaptureFixture[str]) -> None:
+    clock = FakeClock()
+    rm = rm_with(clock, 60)
+    rm.tty = True
+    assert rm.call(flaky([Failure(grpc.StatusCode.UNAVAILABLE, "refused")] * 4), "req") == "answer"
+    err = capsys.readouterr().err
+    assert err.startswith("RM at 127.0.0.1:1 unreachable (refused); retrying for 60s ...\n")
+    assert err.count("\r\x1b[2K  still unreachable, ") == 3 and "s left ..." in err
+    assert " left ...\nRM at 127.0.0.1:1 answers again after " in err and err.endswith("\n")
+    rm.close()
+
+
 def test_a_call_gives_up_after_its_window_with_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
     clock = FakeClock()
     rm = rm_with(clock, 20)
