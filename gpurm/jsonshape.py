@@ -3,14 +3,14 @@
 - Enum values without their type's prefix, as the CLI's tables spell them: `SUCCEEDED`, not `JOB_SUCCEEDED`;
   `RUNNING` for a node, `LEARNER` for a container kind. The zero value is `UNSPECIFIED`.
 - Numbers as JSON numbers, 64-bit ones included (protobuf's own JSON writes those as strings).
-- Every field present, with its default when unset (a script need not guess), in its .proto name (`snake_case`).
-- bytes as base64; maps as objects; times stay the `*_ms` integers the messages carry (milliseconds since the
-  Unix epoch).
+- Every field present, in its .proto name (`snake_case`), with its default when unset (a message as an object of
+  defaults); an unset proto3 `optional` is null, since there unset means something.
+- bytes as UTF-8 text, bad bytes replaced (what gpurm sends as bytes is log output); maps as objects; times
+  stay the `*_ms` integers the messages carry (milliseconds since the Unix epoch).
 """
 
 from __future__ import annotations
 
-import base64
 import functools
 from typing import Any
 
@@ -44,7 +44,7 @@ def _scalar(field: Any, value: Any) -> Any:       # a FieldDescriptor (upb's or 
     if field.type == FieldDescriptor.TYPE_ENUM:
         return enum_name(field.enum_type, value)
     if field.type == FieldDescriptor.TYPE_BYTES:
-        return base64.b64encode(value).decode()
+        return bytes(value).decode(errors="replace")
     if field.type == FieldDescriptor.TYPE_MESSAGE:
         return to_plain(value)
     return value
@@ -65,8 +65,8 @@ def to_plain(msg: Message) -> dict[str, Any]:
             out[field.name] = {str(k): _scalar(value_field, v) for k, v in sorted(value.items())}
         elif field.is_repeated:
             out[field.name] = [_scalar(field, v) for v in value]
-        elif field.type == FieldDescriptor.TYPE_MESSAGE and not msg.HasField(field.name):
-            out[field.name] = None
+        elif field.has_presence and field.containing_oneof is not None and not msg.HasField(field.name):
+            out[field.name] = None      # an unset proto3 `optional` (a synthetic oneof)
         else:
             out[field.name] = _scalar(field, value)
     return out

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from gpurm.am.runner import AMRunner
+from gpurm.am.runner import RM_RETRY_FOR_S, AMRunner
 from gpurm.queues.fields import ConfigError
 from gpurm.rm.textsafe import setup_logging
 from gpurm.rm.tls import tls_from_env
@@ -30,8 +30,13 @@ def main() -> int:
     except ConfigError as exc:
         sys.stderr.write(f"gpurm.am: {'; '.join(exc.problems)}\n")
         return 2
+    try:
+        retry_for = float(os.environ.get("GPURM_AM_RETRY_FOR") or RM_RETRY_FOR_S)
+    except ValueError:
+        sys.stderr.write(f"gpurm.am: GPURM_AM_RETRY_FOR: expected seconds, got {os.environ['GPURM_AM_RETRY_FOR']!r}\n")
+        return 2
     runner = AMRunner(os.environ["GPURM_RM"], os.environ["GPURM_JOB_ID"], int(os.environ["GPURM_AM_ATTEMPT"]),
-                      os.environ["GPURM_AM_TOKEN"], tls_config)
+                      os.environ["GPURM_AM_TOKEN"], tls_config, rm_retry_for=retry_for)
 
     async def run() -> int:
         task = asyncio.ensure_future(runner.run())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import socket
 import time
@@ -19,17 +20,18 @@ from gpurm.am.placement import ServerView
 from gpurm.am.view import ViewFollower
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.rm import convert, tls
+from gpurm.rm import convert, mqtt, tls
 from gpurm.rm.brokerauth import Credentials
 from gpurm.rm.identity import AM_TOKEN_KEY
 from gpurm.rm.jobspec import JobSpec, spec_from_proto
 from gpurm.rm.model import FailureKind, JobState
+from gpurm.rm.retry import AM_POLICY, RECONNECT_OPTIONS, Outage, RetryPolicy
 from gpurm.rm.tls import TLSConfig
 
 log = logging.getLogger("gpurm.am")
 
 T = TypeVar("T")
-RM_RETRY_FOR_S = 600.0       # ride out an RM restart for this long
+RM_RETRY_FOR_S = AM_POLICY.give_up_s     # ride out an RM restart for this long (rm.yaml am.rm_retry_for)
 AGENT_TIMEOUT_S = 15.0
 TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
              grpc.StatusCode.RESOURCE_EXHAUSTED)
@@ -78,8 +80,9 @@ def report_pb(a: AttemptRecord) -> pb.AttemptReport:
 
 class AMRunner:
     def __init__(self, rm_address: str, job_id: str, am_attempt: int, am_token: str,
-                 tls_config: TLSConfig | None = None) -> None:
+                 tls_config: TLSConfig | None = None, rm_retry_for: float = RM_RETRY_FOR_S) -> None:
         self.rm_address = rm_address
+        self.retry = RetryPolicy(AM_POLICY.base_s, AM_POLICY.max_s, rm_retry_for)
         self.tls = tls_config  # mTLS to the RM and the agents (the node's certificate), None = plaintext
         self.job_id = job_id
         self.am_attempt = am_attempt
@@ -101,20 +104,35 @@ class AMRunner:
     # ------------------------------------------------------------ RM calls that ride out an RM restart
 
     async def _rm_call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        deadline = time.monotonic() + RM_RETRY_FOR_S
-        delay = 0.2
+        """Every AM call to the RM is safe to repeat (register and finish are idempotent, an allocate carries its
+        response_id), so an unreachable RM is ridden out with the shared back-off (`gpurm.rm.retry`) for up to
+        rm.yaml's `am.rm_retry_for`; then the AM fails (its job's GPUs stay held until the RM, once back,
+        restarts the AM)."""
+        outage: Outage | None = None
         while True:
             try:
-                return await call()
+                reply = await call()
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND,
                                   grpc.StatusCode.PERMISSION_DENIED):
                     raise AMExit(f"{what}: {exc.details()}") from None
-                if exc.code() not in TRANSIENT or time.monotonic() > deadline:
+                if exc.code() not in TRANSIENT:
                     raise
-                log.warning("%s: RM unavailable (%s); retrying", what, exc.code().name)
-                await asyncio.sleep(delay * (0.5 + self.rng.random()))
-                delay = min(delay * 2, 5.0)
+                now = time.monotonic()
+                if outage is None:
+                    outage = Outage(self.retry, now, self.rng)
+                    log.warning("%s: RM at %s unreachable (%s); retrying for %s", what, self.rm_address,
+                                exc.code().name, f"{self.retry.give_up_s:g}s" if self.retry.give_up_s else "ever")
+                delay = outage.next_delay(now)
+                if delay is None:
+                    log.error("%s: RM at %s still unreachable after %.0fs; giving up", what, self.rm_address,
+                              outage.elapsed(now))
+                    raise
+                await asyncio.sleep(delay)
+                continue
+            if outage is not None:
+                log.info("%s: RM answers again after %.1fs", what, outage.elapsed(time.monotonic()))
+            return reply
 
     def _take_am_token(self, token: str) -> None:
         if token:
@@ -137,7 +155,7 @@ class AMRunner:
 
     async def run(self) -> int:
         # grpc.aio channels belong to the loop they are made in: make them here, not in __init__.
-        self.channel = tls.aio_channel(self.rm_address, self.tls)
+        self.channel = tls.aio_channel(self.rm_address, self.tls, RECONNECT_OPTIONS)
         self.am = pbg.ApplicationMasterStub(self.channel)
         self.client = pbg.ClientStub(self.channel)
         self._wake = asyncio.Event()
@@ -152,7 +170,8 @@ class AMRunner:
         now = time.time()
         master = Master(self.spec, now, rng=self.rng)
         self.master = master
-        self.view = ViewFollower(reg.mqtt_url, self.client, reg.view,
+        mqtt_url = os.environ.get(mqtt.MQTT_URL_ENV) or reg.mqtt_url   # the node's mqtt.advertise, if set
+        self.view = ViewFollower(mqtt_url, self.client, reg.view,
                                  Credentials(reg.mqtt_username, reg.mqtt_password) if reg.mqtt_username else None)
         await self.view.start()
         master.on_view(servers_from_view(self.view.current), now)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpurm.cli.client import RM, CliError, rm_address
+from gpurm.cli.client import CliError, connect, rm_address
 from gpurm.cli.output import ago, message_dict, print_json, table
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rm import pki
@@ -59,7 +59,7 @@ def add_parsers(asubs: Any, sub: Sub) -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    rm = RM(rm_address(args.rm))
+    rm = connect(args)
     info = rm.call(rm.client.GetClusterInfo, pb.ClusterInfoRequest())
     if args.output == "json":
         print_json(message_dict(info))

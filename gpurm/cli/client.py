@@ -7,23 +7,32 @@ instead and ignores the metadata.
 
 from __future__ import annotations
 
+import argparse
 import getpass
 import os
+import sys
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
 
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.queues.fields import ConfigError
+from gpurm.queues.fields import ConfigError, format_duration, parse_duration
 from gpurm.rm import tls
+from gpurm.rm.retry import CLI_POLICY, RECONNECT_OPTIONS, Outage, RetryPolicy, answered, transient
 
 DEFAULT_RM = "127.0.0.1:7070"
+RETRY_ENV = "GPURM_RETRY_FOR"
+EXIT_UNREACHABLE = 3      # the RM could not be reached (after retrying for --retry-for)
+EXIT_NOT_FOUND = 4        # the job, queue or node named does not exist
+EXIT_DENIED = 5           # the RM refused who asks (not their job, not an admin, no certificate it accepts)
 T = TypeVar("T")
 
 
 class CliError(Exception):
-    """Ends the command with one line on stderr and an exit code (2 = bad input or unusable target)."""
+    """Ends the command with one line on stderr and an exit code (2 = bad input or unusable target, 3 = the RM
+    could not be reached)."""
 
     def __init__(self, message: str, code: int = 2) -> None:
         super().__init__(message)
@@ -35,6 +44,23 @@ def rm_address(flag: str | None) -> str:
     return flag or os.environ.get("GPURM_RM") or DEFAULT_RM
 
 
+def retry_window(flag: str | None) -> float:
+    """--retry-for (else $GPURM_RETRY_FOR, else 60s): how long a command rides out an unreachable RM; 0 = not."""
+    text = flag if flag is not None else os.environ.get(RETRY_ENV)
+    if text is None or text == "":
+        return CLI_POLICY.give_up_s
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        what = "--retry-for" if flag is not None else RETRY_ENV
+        raise CliError(f"{what}: {exc}") from None
+
+
+def connect(args: argparse.Namespace) -> RM:
+    """The RM a command's --rm / --retry-for (or their environment variables) name."""
+    return RM(rm_address(getattr(args, "rm", None)), retry_for=retry_window(getattr(args, "retry_for", None)))
+
+
 def current_user() -> str:
     try:
         return getpass.getuser()
@@ -43,44 +69,98 @@ def current_user() -> str:
 
 
 class RM:
-    """Stubs for the RM's services, calls made with the user's identity and turned into CliErrors."""
+    """Stubs for the RM's services, calls made with the user's identity and turned into CliErrors.
 
-    def __init__(self, address: str, timeout: float = 15.0) -> None:
+    Every call rides out an RM restart or failover: while the RM is unreachable (UNAVAILABLE, DEADLINE_EXCEEDED)
+    it is tried again with capped, jittered exponential back-off (`gpurm.rm.retry`) for up to `retry_for`
+    seconds from the first failure, saying so once on stderr; then the command fails with one line and exit 3.
+    Every Client / Admin call is safe to repeat: reads, idempotent writes (kill, scale, drain, refresh-queues),
+    and submit, which the RM deduplicates by its submit_id."""
+
+    def __init__(self, address: str, timeout: float = 15.0, retry_for: float = CLI_POLICY.give_up_s,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
         self.address = address
         self.timeout = timeout
+        self.policy = RetryPolicy(CLI_POLICY.base_s, CLI_POLICY.max_s, retry_for)
+        self.clock = clock
+        self.sleep = sleep
+        self.reached = False      # an answer came from the RM (then a closed socket means it went away)
+        self.tty = sys.stderr.isatty()
         try:
             self.tls = tls.tls_from_env()
         except ConfigError as exc:
             raise CliError("; ".join(exc.problems)) from None
-        self.channel = tls.channel(address, self.tls)
+        self.channel = tls.channel(address, self.tls, RECONNECT_OPTIONS)
         self.client = pbg.ClientStub(self.channel)
         self.admin = pbg.AdminStub(self.channel)
         self.metadata = (("x-gpurm-user", current_user()),)
 
     def call(self, method: Callable[..., T], request: Any, timeout: float | None = None) -> T:
-        try:
-            return method(request, metadata=self.metadata, timeout=timeout or self.timeout)
-        except grpc.RpcError as exc:
-            raise self.translate(exc) from None
+        outage: Outage | None = None
+        while True:
+            try:
+                reply = method(request, metadata=self.metadata, timeout=timeout or self.timeout)
+            except grpc.RpcError as exc:
+                code, details = _status(exc)
+                said = answered(exc.trailing_metadata()) if hasattr(exc, "trailing_metadata") else False
+                if self.policy.give_up_s <= 0 or not transient(code.name if code else "", details, said,
+                                                               reached=self.reached):
+                    raise self.translate(exc, outage) from None
+                now = self.clock()
+                if outage is None:
+                    outage = Outage(self.policy, now)
+                    why = (details or "").strip().split("\n")[0][:120] or (code.name if code else "?")
+                    _say(f"RM at {self.address} unreachable ({why}); retrying for "
+                         f"{format_duration(self.policy.give_up_s)} ...")
+                elif self.tty:        # a terminal: the time left, rewritten in place
+                    _say(f"\r\x1b[2K  still unreachable, {format_duration(outage.left(now) or 0)} left ...",
+                         end="")
+                delay = outage.next_delay(now)
+                if delay is None:
+                    if self.tty and outage.tries:
+                        _say("")
+                    raise self.translate(exc, outage) from None
+                self.sleep(delay)
+                continue
+            if outage is not None:
+                if self.tty and outage.tries > 1:
+                    _say("")
+                _say(f"RM at {self.address} answers again after {format_duration(outage.elapsed(self.clock()))}")
+            self.reached = True
+            return reply
 
-    def translate(self, exc: grpc.RpcError) -> CliError:
-        code = exc.code() if hasattr(exc, "code") else None
-        details = exc.details() if hasattr(exc, "details") else str(exc)
+    def translate(self, exc: grpc.RpcError, outage: Outage | None = None) -> CliError:
+        code, details = _status(exc)
         if code is grpc.StatusCode.UNAVAILABLE and (details or "").startswith("the RM's store"):
             return CliError(f"the RM is up but refuses changes: {details}")
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            why = (details or "").strip() or code.name
+        said = answered(exc.trailing_metadata()) if hasattr(exc, "trailing_metadata") else False
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not said:
+            why = " ".join((details or "").split()) or code.name
+            tried = f" after retrying for {format_duration(outage.elapsed(self.clock()))}" if outage else ""
             if self.tls is not None:
                 host = self.address.rsplit(":", 1)[0]
-                return CliError(f"cannot reach the RM at {self.address} over mTLS ({why}); is it running, does its "
-                                f"certificate name {host} and come from the CA in {self.tls.ca}, and is "
-                                f"{self.tls.cert} signed by the RM's CA?")
-            return CliError(f"cannot reach the RM at {self.address} ({why}); is it running? Start one with "
+                return CliError(f"cannot reach the RM at {self.address} over mTLS{tried} ({why}); is it running, "
+                                f"does its certificate name {host} and come from the CA in {self.tls.ca}, and is "
+                                f"{self.tls.cert} signed by the RM's CA?", code=EXIT_UNREACHABLE)
+            return CliError(f"cannot reach the RM at {self.address}{tried} ({why}); is it running? Start one with "
                             "`gpurm dev-cluster`, or point --rm / GPURM_RM at it (an RM with mTLS needs "
-                            "GPURM_TLS_CA, GPURM_TLS_CERT and GPURM_TLS_KEY)")
-        if code is grpc.StatusCode.PERMISSION_DENIED:
-            return CliError(f"permission denied: {details}")
+                            "GPURM_TLS_CA, GPURM_TLS_CERT and GPURM_TLS_KEY)", code=EXIT_UNREACHABLE)
+        if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+            return CliError(f"permission denied: {details}", code=EXIT_DENIED)
+        if code is grpc.StatusCode.NOT_FOUND:
+            return CliError(details or "not found", code=EXIT_NOT_FOUND)
         return CliError(details or (code.name if code else "RM call failed"))
 
     def close(self) -> None:
         self.channel.close()
+
+
+def _status(exc: grpc.RpcError) -> tuple[grpc.StatusCode | None, str]:
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    return code, details or ""
+
+
+def _say(line: str, end: str = "\n") -> None:
+    sys.stderr.write(line + end)
+    sys.stderr.flush()

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from gpurm.cli.client import RM, CliError, rm_address
+from gpurm.cli.client import CliError, connect
 from gpurm.cli.output import ago, message_dict, print_json, table
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rm.jobspec import share_text
@@ -17,7 +17,7 @@ NODE_STATES = {v: k.removeprefix("NODE_") for k, v in pb.NodeState.items()}
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
-    rm = RM(rm_address(args.rm))
+    rm = connect(args)
     reply = rm.call(rm.client.ListNodes, pb.ListNodesRequest())
     if args.output == "json":
         print_json([message_dict(n) for n in reply.nodes])
@@ -62,7 +62,7 @@ def _amount(exact: float, whole: int) -> str:
 
 
 def cmd_queues(args: argparse.Namespace) -> int:
-    rm = RM(rm_address(args.rm))
+    rm = connect(args)
     reply = rm.call(rm.client.ListQueues, pb.ListQueuesRequest())
     if args.output == "json":
         print_json({"capacity": reply.capacity, "queues": [message_dict(q) for q in reply.queues]})
@@ -94,8 +94,10 @@ def cmd_refresh_queues(args: argparse.Namespace) -> int:
             raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
         if not text.strip():
             raise CliError(f"{args.file} is empty; a queue config needs at least one queue")
-    rm = RM(rm_address(args.rm))
+    rm = connect(args)
     reply = rm.call(rm.admin.RefreshQueues, pb.RefreshQueuesRequest(yaml=text))
+    for warning in reply.warnings:
+        sys.stderr.write(f"gpurm admin refresh-queues: warning: {warning}\n")
     if args.output == "json":
         print_json(reply)
         return 0 if reply.applied else 2
@@ -108,7 +110,7 @@ def cmd_refresh_queues(args: argparse.Namespace) -> int:
 
 def cmd_check_queues(args: argparse.Namespace) -> int:
     """Validate a queues file offline and show the steady shares it gives a cluster of N GPUs."""
-    from gpurm.queues.config import parse_queues
+    from gpurm.queues.config import capacity_warnings, parse_queues
     from gpurm.queues.fairshare import compute_shares
     from gpurm.queues.fields import ConfigError
 
@@ -129,6 +131,9 @@ def cmd_check_queues(args: argparse.Namespace) -> int:
                 sys.stderr.write(f"  {problem}\n")
         return 2
     shares = compute_shares(tree.share_tree(), args.capacity)
+    # Valid but over-promising for this capacity: said on stderr (the JSON on stdout keeps its shape), exit 0.
+    for warning in capacity_warnings(tree, args.capacity):
+        sys.stderr.write(f"gpurm admin check-queues: warning: {warning}\n")
     if args.output == "json":
         print_json({q.path: {"steady_share": shares.steady.get(q.path, 0), "weight": q.weight,
                              "min_gpus": q.min_gpus, "max_gpus": q.max_gpus, "leaf": q.leaf,
@@ -150,7 +155,7 @@ def cmd_check_queues(args: argparse.Namespace) -> int:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    rm = RM(rm_address(args.rm))
+    rm = connect(args)
     reply = rm.call(rm.admin.DrainNode, pb.DrainNodeRequest(node_id=args.node, undrain=args.undo))
     if args.output == "json":
         print_json(reply.node)

@@ -346,11 +346,21 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-def cmd_dev_cluster(args: argparse.Namespace) -> int:
+DEFAULT_RACKS = 2    # main.py's --racks default
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse bad flags with one line; fit --racks to --nodes."""
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise CliError("--nodes and --gpus-per-node must be at least 1")
-    if not 1 <= args.racks <= args.nodes:
-        raise CliError(f"--racks: must be between 1 and --nodes ({args.nodes}), got {args.racks}")
+    if args.racks < 1:
+        raise CliError(f"--racks: must be at least 1, got {args.racks}")
+    if args.racks > args.nodes:
+        # The default (2 racks) with --nodes 1 used to be refused: a rack per node is as far as racks can go.
+        if args.racks != DEFAULT_RACKS:
+            sys.stderr.write(f"gpurm dev-cluster: --racks {args.racks} is more than --nodes {args.nodes}: "
+                             f"using {args.nodes}, one per node\n")
+        args.racks = args.nodes
     if not 0 < args.port < 65536:
         raise CliError(f"--port: {args.port} is not a port")
     if not 0 <= args.http_port < 65536:
@@ -363,6 +373,10 @@ def cmd_dev_cluster(args: argparse.Namespace) -> int:
         raise CliError(f"--heartbeat: {exc}") from None
     if args.queues and not Path(args.queues).is_file():
         raise CliError(f"--queues: {args.queues} does not exist")
+
+
+def cmd_dev_cluster(args: argparse.Namespace) -> int:
+    check_args(args)
     state_dir = Path(args.state_dir).resolve() if args.state_dir else Path(tempfile.mkdtemp(prefix="gpurm-dev-"))
     state_dir.mkdir(parents=True, exist_ok=True)
     cluster = DevCluster(args, state_dir)
@@ -377,7 +391,8 @@ def cmd_dev_cluster(args: argparse.Namespace) -> int:
         cluster.start()
         total = args.nodes * args.gpus_per_node
         sys.stderr.write(
-            f"dev cluster up: {args.nodes} nodes x {args.gpus_per_node} GPUs ({total}) in {args.racks} racks\n"
+            f"dev cluster up: {args.nodes} node{'s' if args.nodes > 1 else ''} x {args.gpus_per_node} GPUs ({total}) "
+            f"in {args.racks} rack{'s' if args.racks > 1 else ''}\n"
             f"  RM:    {cluster.address}{' with mTLS' if cluster.pki else ''}   "
             f"(. {state_dir / 'env.sh'}  sets GPURM_RM{' and GPURM_TLS_*' if cluster.pki else ''})\n"
             f"  web:   {cluster.http_url or 'off'}  (web UI; REST API under /api/v1)\n"

@@ -14,9 +14,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-
-from gpurm.cli.client import RM, CliError, rm_address
+from gpurm.cli.client import RM, CliError, connect
 from gpurm.cli.output import Progress, ago, clock, message_dict, print_json, ranges, span, table
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
@@ -120,9 +118,9 @@ def _spec_from_args(args: argparse.Namespace) -> JobSpec:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     spec = _spec_from_args(args)
-    rm = RM(rm_address(args.rm))
+    rm = connect(args)
     request = pb.SubmitJobRequest(spec=spec_to_proto(spec), submit_id=uuid.uuid4().hex)
-    reply = _with_retry(rm, rm.client.SubmitJob, request)
+    reply = rm.call(rm.client.SubmitJob, request)   # a retry returns the same job: the submit_id
     if args.output == "json":
         print_json({"job_id": reply.job_id, "queue": reply.queue})
     else:
@@ -130,21 +128,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.wait:
         return wait_for_job(rm, reply.job_id, quiet_json=args.output == "json")
     return 0
-
-
-def _with_retry(rm: RM, method: object, request: object, tries: int = 4) -> pb.SubmitJobResponse:
-    """Submits carry a submit_id, so a retry after a timeout returns the same job instead of a second one."""
-    delay = 0.5
-    for attempt in range(tries):
-        try:
-            return method(request, metadata=rm.metadata, timeout=rm.timeout)  # type: ignore[operator,no-any-return]
-        except grpc.RpcError as exc:
-            transient = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-            if not transient or attempt == tries - 1:
-                raise rm.translate(exc) from None
-            time.sleep(delay)
-            delay *= 2
-    raise AssertionError("unreachable")
 
 
 def wait_for_job(rm: RM, job_id: str, quiet_json: bool = False) -> int:
@@ -168,7 +151,7 @@ def wait_for_job(rm: RM, job_id: str, quiet_json: bool = False) -> int:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     """Wait for jobs to end; exit 0 only if every one succeeded."""
-    rm = RM(rm_address(args.rm))
+    rm = connect(args)
     pending = list(dict.fromkeys(args.jobs))
     done: dict[str, pb.Job] = {}
     progress = Progress()
@@ -204,7 +187,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    rm = RM(rm_address(args.rm))
+    rm = connect(args)
     states = [pb.JobState.Name(pb.JobState.Value(f"JOB_{s}")) for s in args.state]
     reply = rm.call(rm.client.ListJobs, pb.ListJobsRequest(states=states, queue=args.queue or "",
                                                            user=args.user or "", limit=args.limit))
@@ -242,7 +225,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    rm = RM(rm_address(args.rm))
+    rm = connect(args)
     job = rm.call(rm.client.GetJob, pb.GetJobRequest(job_id=args.job))
     if args.output == "json":
         print_json(job)
@@ -350,7 +333,7 @@ def render_status(job: pb.Job, now: float | None = None) -> str:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    rm = RM(rm_address(args.rm))
+    rm = connect(args)
     job = rm.call(rm.client.ScaleJob, pb.ScaleJobRequest(job_id=args.job, gpus=args.gpus)).job
     if args.output == "json":
         print_json({"job_id": job.job_id, "target_gpus": job.target_gpus, "gpus_held": job.gpus_held,
@@ -398,7 +381,7 @@ def confirm(question: str, assume_yes: bool) -> bool:
 
 
 def cmd_kill(args: argparse.Namespace) -> int:
-    rm = RM(rm_address(args.rm))
+    rm = connect(args)
     targets = kill_targets(rm, args)
     if not targets:
         if args.output == "json":
@@ -528,7 +511,7 @@ def _pull(rm: RM, job_id: str, t: Target, prefix: bool) -> None:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    rm = RM(rm_address(args.rm))
+    rm = connect(args)
     job = rm.call(rm.client.GetJob, pb.GetJobRequest(job_id=args.job))
     if args.follow:
         return asyncio.run(_follow(rm, args))

@@ -1,7 +1,8 @@
 """`gpurm`: submit and watch jobs, inspect the cluster, run the daemons.
 
-Exit codes: 0 success; 1 the thing asked about failed (a job waited on ended badly); 2 bad input, an unknown
-job or an unreachable RM (a one-line message says what to do); 130 interrupted.
+Exit codes (docs/cli.md): 0 success; 1 the thing asked about failed (a job waited on ended badly); 2 bad input (a
+one-line message says what to do); 3 the RM could not be reached, after riding out an outage for --retry-for
+(default 60s); 4 not found (an unknown job, queue or node); 5 permission denied; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def _common() -> argparse.ArgumentParser:
     p.add_argument("--rm", metavar="HOST:PORT", help="the RM to talk to (default: $GPURM_RM, else 127.0.0.1:7070)")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table",
                    help="table for people (default), json for scripts")
+    p.add_argument("--retry-for", metavar="DURATION",
+                   help="while the RM is unreachable (restarting, failing over), retry for this long, then exit 3 "
+                        "(default: $GPURM_RETRY_FOR, else 60s; 0: fail at once)")
     return p
 
 
@@ -40,8 +44,8 @@ def _sub(subs: argparse._SubParsersAction, name: str, help_text: str, example: s
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gpurm.cli import acct, broker, cluster, completion, daemons, devcluster, jobs, sim
     from gpurm.cli import admin as admin_cli
-    from gpurm.cli import broker, cluster, completion, daemons, devcluster, jobs, sim
 
     parser = argparse.ArgumentParser(
         prog="gpurm", formatter_class=Formatter,
@@ -133,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", help="job id of an elastic job")
     p.add_argument("gpus", type=int, help="its new size, between the job's min and max GPUs")
     p.set_defaults(func=jobs.cmd_scale)
+
+    p = _sub(subs, "acct", "accounting: GPU-hours, job counts, queueing time and outcomes of finished jobs, per user, "
+             "queue and/or day", acct.EXAMPLE, common=False)
+    acct.add_arguments(p)
+    p.set_defaults(func=acct.cmd_acct)
 
     p = _sub(subs, "nodes", "list nodes: rack, GPUs free/total, state", "  gpurm nodes\n  gpurm nodes -o json")
     p.set_defaults(func=cluster.cmd_nodes)
@@ -271,7 +280,7 @@ def rm_version(flag: str | None) -> dict[str, str]:
 
     address = rm_address(flag)
     try:
-        rm = RM(address, timeout=3.0)
+        rm = RM(address, timeout=3.0, retry_for=0.0)       # a version check does not wait out an outage
         info = rm.call(rm.client.GetClusterInfo, pb.ClusterInfoRequest())
     except CliError as exc:
         return {"address": address, "version": "", "error": exc.message}

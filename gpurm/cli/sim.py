@@ -82,6 +82,10 @@ def cmd_sim(args: argparse.Namespace) -> int:
                      runtime_config=Path(args.runtime_config) if args.runtime_config else None,
                      checkpoint_interval_s=checkpoint, restart_cost_s=restart, relax=RelaxPolicy(args.relax),
                      elastic_share=args.elastic_share, elastic_max=args.elastic_max)
+    if req.plots:
+        missing = plotting_missing()
+        if missing:      # before the replay, which may take minutes, not after it
+            raise CliError(missing)
     progress = _Progress()
     try:
         outcome = run(req, progress)
@@ -94,6 +98,17 @@ def cmd_sim(args: argparse.Namespace) -> int:
     _print_summary(outcome.summary)
     print(f"\nwrote {', '.join(p.name for p in outcome.files)} to {req.out}")
     return 0
+
+
+def plotting_missing() -> str:
+    """Why the plots cannot be drawn here (matplotlib is not installed), with the fix; empty when they can."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        return ""
+    return (f"the plots need matplotlib, which {sys.executable} lacks: install it with "
+            f"`{sys.executable} -m pip install 'matplotlib>=3.8'` (or `pip install 'gpurm[sim]'`), "
+            "or pass --no-plots")
 
 
 def _duration_flag(flag: str, text: str | None) -> float | None:

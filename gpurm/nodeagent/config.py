@@ -26,6 +26,7 @@ from gpurm.nodeagent.identity import (
 )
 from gpurm.queues.fields import ConfigError, Problems, Reader, parse_address
 from gpurm.rm.limits import ServerLimits, read_limits
+from gpurm.rm.retry import AGENT_POLICY, RetryPolicy
 from gpurm.rm.tls import TLSConfig, load_tls, read_tls_section
 from gpurm.rm.tokens import TokenKey, parse_node_secret
 
@@ -114,6 +115,10 @@ class AgentConfig:
     node_secret: TokenKey | None = None  # this node's key (`gpurm admin node-secret`): proves it without mTLS
     limits: ServerLimits = field(default_factory=ServerLimits)
     am_tls: TLSConfig | None = None  # the client certificate handed to AM containers (CA: tls.ca); see _am_tls
+    rm_retry: RetryPolicy = AGENT_POLICY  # riding out an unreachable RM (rm_retry: base, max, give_up_after)
+    # mqtt.advertise: the broker URL this node (its agent and the AMs it starts) dials, when the RM's own view of
+    # the broker's address (rm.yaml mqtt.url, or its embedded broker's address) does not work from here.
+    mqtt_advertise: str = ""
 
     def run_as_policy(self) -> RunAsPolicy:
         c = self.containers
@@ -202,12 +207,44 @@ def load_agent_config(path: Path | None, overrides: Mapping[str, object] | None 
     node_secret = _node_secret(r, node_id, path.parent if path is not None else None)
     limits = read_limits(r)
     am_tls = _am_tls(r, tls, containers, euid, path.parent if path is not None else None)
+    rm_retry = _rm_retry(r.section("rm_retry"))
+    mqtt_advertise = _mqtt(r.section("mqtt"))
     r.reject_unknown()
     problems.raise_if_any()
     return AgentConfig(node_id=node_id, host=host, listen=listen, rm=rm, rack=rack, ib_domain=ib_domain,
                        state_dir=state_dir, gpus=gpus, containers=containers, cpus=cpus,
                        memory_mib=memory_mib, health=health, telemetry=telemetry, tls=tls,
-                       node_secret=node_secret, limits=limits, am_tls=am_tls)
+                       node_secret=node_secret, limits=limits, am_tls=am_tls, rm_retry=rm_retry,
+                       mqtt_advertise=mqtt_advertise)
+
+
+def _rm_retry(s: Reader) -> RetryPolicy:
+    d = AGENT_POLICY
+    policy = RetryPolicy(base_s=s.duration("base", d.base_s), max_s=s.duration("max", d.max_s),
+                         give_up_s=s.duration("give_up_after", d.give_up_s))
+    s.reject_unknown()
+    for problem in policy.problems():
+        key, _, why = problem.partition(": ")
+        s.error(key, why)
+    return policy if not policy.problems() else d
+
+
+def _mqtt(m: Reader) -> str:
+    """mqtt.advertise: mqtt://HOST:PORT (the port required), or empty for the RM's own broker URL."""
+    url = m.text("advertise", "")
+    m.reject_unknown()
+    if url:
+        rest = url.removeprefix("mqtt://")
+        try:
+            if rest == url:
+                raise ValueError("must start with mqtt://")
+            host, port = parse_address(rest, default_host="")
+            if not host or port == 0:
+                raise ValueError("a host and a port above 0 are required")
+        except ValueError as exc:
+            m.error("advertise", f"must look like mqtt://HOST:PORT, got {url!r} ({exc})")
+            return ""
+    return url
 
 
 NO_CREDENTIAL = ("agent.yaml: the agent has no credential: set tls (mTLS, the node's certificate CN node:<node_id>) or "

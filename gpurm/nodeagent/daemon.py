@@ -23,9 +23,10 @@ from gpurm.nodeagent.ports import PortReserver
 from gpurm.nodeagent.private import make_dir, state_dir_mode
 from gpurm.nodeagent.records import write_json_atomic
 from gpurm.nodeagent.service import ContainerManagerServicer
-from gpurm.nodeagent.tracker import Registration, Tracker
+from gpurm.nodeagent.tracker import Registration, RMUnreachable, Tracker
 from gpurm.rm import tls
 from gpurm.rm.limits import make_server
+from gpurm.rm.mqtt import MQTT_URL_ENV
 from gpurm.rm.netcheck import listen_problem
 from gpurm.rm.textsafe import setup_logging
 
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 AGENT_FILE = "agent.json"
 FINAL_REPORT_S = 2.0
 EXIT_CONFIG = 2
+EXIT_RM_UNREACHABLE = 3     # the RM stayed unreachable past rm_retry.give_up_after
 
 
 def discover_gpus(cfg: AgentConfig) -> list[GpuDevice]:
@@ -90,6 +92,8 @@ async def _run_with_gpus(cfg: AgentConfig, provider: GpuProvider, gpus: list[Gpu
         # AMs run as the agent's own user: they dial the RM and the agents with the node's certificate. With
         # am_tls, each AM gets that certificate as files of its own user instead (ContainerSupervisor.am_tls).
         servicer.am_env = cfg.tls.env()
+    if cfg.mqtt_advertise:
+        servicer.am_env = {**servicer.am_env, MQTT_URL_ENV: cfg.mqtt_advertise}   # this node's broker address
     server = make_server(cfg.limits)
     servicer.add_to_server(server)
     why = listen_problem(cfg.listen)
@@ -144,11 +148,17 @@ async def _run_with_gpus(cfg: AgentConfig, provider: GpuProvider, gpus: list[Gpu
         done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
         for task in tasks:
-            if task in done:  # neither loop ends on its own: a bug, so shut down loudly
+            if task in done and isinstance(task.exception(), RMUnreachable):
+                # Gave up on the RM (rm_retry.give_up_after): exit for the service manager to restart the agent,
+                # leaving the containers running; the next agent adopts them.
+                log.error("agent %s: %s; exiting, containers left running", cfg.node_id, task.exception())
+                code = EXIT_RM_UNREACHABLE
+            elif task in done:  # neither loop ends on its own: a bug, so shut down loudly
                 log.error("agent %s: %s loop ended: %r", cfg.node_id, task.get_name(), task.exception())
                 code = 1
         log.info("agent %s shutting down", cfg.node_id)
-        await _shutdown(cfg, supervisor, servicer, tracker)
+        if code != EXIT_RM_UNREACHABLE:
+            await _shutdown(cfg, supervisor, servicer, tracker)
     finally:
         for task in tasks:
             task.cancel()

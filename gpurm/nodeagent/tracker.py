@@ -28,6 +28,7 @@ from gpurm.nodeagent.records import ContainerRecord
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pb_grpc
 from gpurm.rm import tls
+from gpurm.rm.retry import Outage
 from gpurm.rm.tokens import TokenKey, join_proof
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,10 @@ class _StreamEnded(Exception):
     pass
 
 
+class RMUnreachable(Exception):
+    """The RM stayed unreachable past agent.yaml's rm_retry.give_up_after."""
+
+
 def _tracker_stub(channel: grpc.aio.Channel) -> Any:
     # Through a typed name: the generated module has no annotations.
     make: Callable[[grpc.aio.Channel], Any] = pb_grpc.ResourceTrackerStub
@@ -92,7 +97,9 @@ class Tracker:
         self.registration: Registration | None = None
         self.registered = asyncio.Event()   # set while a session is open
         self.registrations = 0
-        self._backoff = backoff or Backoff(BACKOFF_BASE_S, BACKOFF_MAX_S)
+        self._backoff = backoff or Backoff(cfg.rm_retry.base_s, cfg.rm_retry.max_s)
+        self._outage: Outage | None = None   # since when the RM has been unreachable (None: it answers)
+        self.clock: Callable[[], float] = time.monotonic
         self._seq = 0
         self._pending: dict[str, _Pending] = {}
         self._wake = asyncio.Event()
@@ -116,7 +123,15 @@ class Tracker:
                 log.info("the RM asked this agent to register again")
             except Exception as exc:  # whatever broke, the agent must come back to the RM
                 self._lost(exc)
-                await asyncio.sleep(self._backoff.next())
+                now = self.clock()
+                if self._outage is None:
+                    self._outage = Outage(self.cfg.rm_retry, now)
+                left = self._outage.left(now)
+                if left is not None and left <= 0:
+                    raise RMUnreachable(f"the RM at {self.cfg.rm} has been unreachable for "
+                                        f"{self._outage.elapsed(now):.0f}s (rm_retry.give_up_after)") from exc
+                delay = self._backoff.next()
+                await asyncio.sleep(delay if left is None else min(delay, left))
             finally:
                 self.registered.clear()
 
@@ -175,10 +190,11 @@ class Tracker:
             interval_s=interval_ms / 1000 if interval_ms > 0 else DEFAULT_INTERVAL_S,
             token_key=(TokenKey(reply.token_key_id, bytes(reply.token_key)) if reply.token_key
                        else self.cfg.node_secret),
-            mqtt_url=reply.mqtt_url,
+            mqtt_url=self.cfg.mqtt_advertise or reply.mqtt_url,
         )
         self.registration = reg
         self.registrations += 1
+        self._outage = None
         log.info("registered with the RM at %s: session %s, %d containers, heartbeat every %.1fs",
                  self.cfg.rm, reg.session, len(records), reg.interval_s)
         self._outage_logged = False
@@ -229,6 +245,7 @@ class Tracker:
             assert isinstance(response, pb.HeartbeatResponse)
             self._last_reply = loop.time()
             self._backoff.reset()
+            self._outage = None
             self._on_ack(response.ack_seq)
             for order in response.stop:
                 self._order_stop(order.container_id, order.grace_ms, order.reason or "stop ordered by the RM")

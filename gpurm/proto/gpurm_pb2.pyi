@@ -801,6 +801,65 @@ class ListJobsRequest(_message.Message):
     limit: int
     def __init__(self, states: _Optional[_Iterable[_Union[JobState, str]]] = ..., queue: _Optional[str] = ..., user: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
+class AccountingRequest(_message.Message):
+    __slots__ = ("by", "since_ms", "until_ms", "users", "queues")
+    BY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    by: _containers.RepeatedScalarFieldContainer[str]
+    since_ms: int
+    until_ms: int
+    users: _containers.RepeatedScalarFieldContainer[str]
+    queues: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, by: _Optional[_Iterable[str]] = ..., since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ..., users: _Optional[_Iterable[str]] = ..., queues: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AccountingRow(_message.Message):
+    __slots__ = ("key", "jobs", "succeeded", "failed", "killed", "preempted", "preemptions", "gpu_seconds", "waited", "wait_total_s", "wait_max_s")
+    class KeyEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    KILLED_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WAITED_FIELD_NUMBER: _ClassVar[int]
+    WAIT_TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MAX_S_FIELD_NUMBER: _ClassVar[int]
+    key: _containers.ScalarMap[str, str]
+    jobs: int
+    succeeded: int
+    failed: int
+    killed: int
+    preempted: int
+    preemptions: int
+    gpu_seconds: float
+    waited: int
+    wait_total_s: float
+    wait_max_s: float
+    def __init__(self, key: _Optional[_Mapping[str, str]] = ..., jobs: _Optional[int] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., killed: _Optional[int] = ..., preempted: _Optional[int] = ..., preemptions: _Optional[int] = ..., gpu_seconds: _Optional[float] = ..., waited: _Optional[int] = ..., wait_total_s: _Optional[float] = ..., wait_max_s: _Optional[float] = ...) -> None: ...
+
+class AccountingResponse(_message.Message):
+    __slots__ = ("rows", "total", "since_ms", "until_ms")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[AccountingRow]
+    total: AccountingRow
+    since_ms: int
+    until_ms: int
+    def __init__(self, rows: _Optional[_Iterable[_Union[AccountingRow, _Mapping]]] = ..., total: _Optional[_Union[AccountingRow, _Mapping]] = ..., since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ...) -> None: ...
+
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs",)
     JOBS_FIELD_NUMBER: _ClassVar[int]
@@ -974,14 +1033,16 @@ class RefreshQueuesRequest(_message.Message):
     def __init__(self, yaml: _Optional[str] = ...) -> None: ...
 
 class RefreshQueuesResponse(_message.Message):
-    __slots__ = ("applied", "errors", "queues")
+    __slots__ = ("applied", "errors", "queues", "warnings")
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     applied: bool
     errors: _containers.RepeatedScalarFieldContainer[str]
     queues: _containers.RepeatedCompositeFieldContainer[QueueInfo]
-    def __init__(self, applied: _Optional[bool] = ..., errors: _Optional[_Iterable[str]] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ...) -> None: ...
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, applied: _Optional[bool] = ..., errors: _Optional[_Iterable[str]] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DrainNodeRequest(_message.Message):
     __slots__ = ("node_id", "undrain")

@@ -357,6 +357,11 @@ class ClientStub:
                 request_serializer=gpurm_dot_proto_dot_gpurm__pb2.GetClusterViewRequest.SerializeToString,
                 response_deserializer=gpurm_dot_proto_dot_gpurm__pb2.ClusterView.FromString,
                 _registered_method=True)
+        self.GetAccounting = channel.unary_unary(
+                '/gpurm.Client/GetAccounting',
+                request_serializer=gpurm_dot_proto_dot_gpurm__pb2.AccountingRequest.SerializeToString,
+                response_deserializer=gpurm_dot_proto_dot_gpurm__pb2.AccountingResponse.FromString,
+                _registered_method=True)
 
 
 class ClientServicer:
@@ -422,6 +427,12 @@ class ClientServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetAccounting(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClientServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -474,6 +485,11 @@ def add_ClientServicer_to_server(servicer, server):
                     servicer.GetClusterView,
                     request_deserializer=gpurm_dot_proto_dot_gpurm__pb2.GetClusterViewRequest.FromString,
                     response_serializer=gpurm_dot_proto_dot_gpurm__pb2.ClusterView.SerializeToString,
+            ),
+            'GetAccounting': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAccounting,
+                    request_deserializer=gpurm_dot_proto_dot_gpurm__pb2.AccountingRequest.FromString,
+                    response_serializer=gpurm_dot_proto_dot_gpurm__pb2.AccountingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -746,6 +762,33 @@ class Client:
             '/gpurm.Client/GetClusterView',
             gpurm_dot_proto_dot_gpurm__pb2.GetClusterViewRequest.SerializeToString,
             gpurm_dot_proto_dot_gpurm__pb2.ClusterView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAccounting(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurm.Client/GetAccounting',
+            gpurm_dot_proto_dot_gpurm__pb2.AccountingRequest.SerializeToString,
+            gpurm_dot_proto_dot_gpurm__pb2.AccountingResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -216,6 +216,22 @@ def _children(data: Any, parent: str, p: Problems, inherited: PreemptionSettings
     return out
 
 
+def capacity_warnings(tree: QueueTree, capacity: int) -> list[str]:
+    """What a valid config promises that a cluster of `capacity` GPUs cannot keep: top-level guarantees (min_gpus)
+    adding up to more than the cluster has. Not an error: capacity changes as servers come and go, and the fair
+    share copes (the minimums are scaled down in proportion until they fit), but no queue then gets its full
+    guarantee. Per parent, children above the parent's own min or max are already errors (`_check_tree`)."""
+    guaranteed = [(c.name, c.min_gpus) for c in tree.root.children if c.min_gpus]
+    total = sum(m for _, m in guaranteed)
+    if total <= capacity:
+        return []
+    detail = ", ".join(f"{name} {m}" for name, m in guaranteed)
+    scale = capacity / total
+    return [f"the top-level queues guarantee {total} GPUs (min_gpus: {detail}) but the cluster has {capacity}: "
+            f"every guarantee is scaled down to {scale:.0%} of its min_gpus, so none is fully met; lower them to add "
+            f"up to at most {capacity}"]
+
+
 def _check_tree(tree: QueueTree, p: Problems) -> None:
     for q in tree.walk():
         if q.children and q is not tree.root:

@@ -13,6 +13,7 @@ import yaml
 from gpurm.queues.fields import ConfigError, Problems, Reader, parse_address, parse_duration
 from gpurm.rm.limits import ServerLimits, read_limits
 from gpurm.rm.messages import RMSettings
+from gpurm.rm.retry import AM_POLICY
 from gpurm.rm.tls import TLSConfig, read_tls_section
 
 
@@ -60,6 +61,7 @@ class RMConfig:
     shutdown_timeout_s: float = 10.0        # ... and the RM exits hard this long after the signal, whatever hangs
     store_backups: int = 5                  # automatic store backups kept (one written at each start)
     http: HTTPConfig = field(default_factory=HTTPConfig)
+    am_rm_retry_for_s: float = AM_POLICY.give_up_s   # an AM rides out an unreachable RM this long (0: forever)
 
     @property
     def advertised(self) -> str:
@@ -139,6 +141,7 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     s.allocate_interval_s = am.duration("allocate_interval", s.allocate_interval_s)
     s.max_active_ams = am.integer("max_active", s.max_active_ams, minimum=1)
     s.max_acquiring_per_queue = am.integer("max_acquiring_per_queue", s.max_acquiring_per_queue, minimum=1)
+    cfg.am_rm_retry_for_s = am.duration("rm_retry_for", cfg.am_rm_retry_for_s)
     am.reject_unknown()
     tok = r.section("tokens")
     s.token_ttl_s = tok.duration("ttl", s.token_ttl_s, maximum=24 * 3600)

@@ -31,7 +31,7 @@ import grpc
 
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.queues.config import MAX_YAML_BYTES, parse_queues
+from gpurm.queues.config import MAX_YAML_BYTES, capacity_warnings, parse_queues
 from gpurm.queues.fields import ConfigError, parse_address
 from gpurm.queues.tree import QueueTree, default_tree
 from gpurm.rm import brokerauth, convert, mqtt, pbviews, tls
@@ -253,6 +253,7 @@ class RMShell:
             "GPURM_RM": self.config.advertised,
             "GPURM_JOB_ID": effect.job_id,
             "GPURM_AM_ATTEMPT": str(effect.am_attempt),
+            "GPURM_AM_RETRY_FOR": f"{self.config.am_rm_retry_for_s:g}",
             "GPURM_AM_TOKEN": self.fresh_am_token(effect.job_id, effect.am_attempt,
                                                   max(self.core.settings.token_ttl_s,
                                                       self.core.settings.am_register_timeout_s + 60)),
@@ -435,7 +436,10 @@ class RMShell:
             log.warning("queue config rejected: %s", "; ".join(problems))
             return pb.RefreshQueuesResponse(applied=False, errors=problems)
         log.info("queue config applied from %s: %d leaf queues", source, len(tree.leaves))
-        return pb.RefreshQueuesResponse(applied=True, queues=self.queues_pb().queues)
+        warnings = capacity_warnings(tree, self.core.cluster.capacity)
+        for warning in warnings:
+            log.warning("queue config: %s", warning)
+        return pb.RefreshQueuesResponse(applied=True, queues=self.queues_pb().queues, warnings=warnings)
 
     def groups_of(self, user: str) -> list[str]:
         """The OS groups of `user` on the RM host (for @group ACL entries), cached for a minute."""

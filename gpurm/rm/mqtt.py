@@ -24,6 +24,8 @@ TOPIC_VIEW_DELTA = "gpurm/cluster/delta"              # ClusterView holding only
 TOPIC_TELEMETRY = "gpurm/telemetry/{node_id}"         # retained JSON GPU telemetry (from the node's heartbeat)
 
 
+# An AM's broker URL when its node's agent.yaml sets mqtt.advertise (the RM's view of the broker does not work there).
+MQTT_URL_ENV = "GPURM_MQTT_URL"
 MAX_TELEMETRY_BYTES = 64 * 1024   # one node's telemetry JSON, as its heartbeat carries it
 
 

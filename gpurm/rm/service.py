@@ -17,11 +17,12 @@ from google.protobuf.message import DecodeError
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.fields import ConfigError
-from gpurm.rm import convert, tls
+from gpurm.rm import accounting, convert, tls
 from gpurm.rm.identity import AM_TOKEN_KEY, USER_KEY, Caller, CallerKind, identify, metadata
 from gpurm.rm.jobspec import spec_from_proto
 from gpurm.rm.messages import ErrorCode, HeartbeatAction, RequestError
 from gpurm.rm.model import Job
+from gpurm.rm.retry import ANSWERED
 from gpurm.rm.tokens import check_am_token
 
 if TYPE_CHECKING:
@@ -72,10 +73,11 @@ def rpc(fn: Handler[R]) -> Handler[R]:
             return await fn(self, request, context)
         except RequestError as exc:
             code = _CODES[exc.code].name
-            await context.abort(_CODES[exc.code], status_details(exc.message))
+            await context.abort(_CODES[exc.code], status_details(exc.message), trailing_metadata=ANSWERED)
         except ConfigError as exc:
             code = grpc.StatusCode.INVALID_ARGUMENT.name
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, status_details(*exc.problems))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, status_details(*exc.problems),
+                                trailing_metadata=ANSWERED)
         except grpc.aio.AbortError:
             status = context.code()             # the handler aborted with its own status
             code = status.name if isinstance(status, grpc.StatusCode) else "UNKNOWN"
@@ -239,6 +241,32 @@ class ClientService(pbg.ClientServicer):
     async def GetClusterView(self, request: pb.GetClusterViewRequest, context: Ctx
                              ) -> pb.ClusterView:
         return self.shell.view_pb()
+
+    @rpc
+    async def GetAccounting(self, request: pb.AccountingRequest, context: Ctx
+                            ) -> pb.AccountingResponse:
+        # Who may see what: as ListJobs, every caller sees every job's user, queue, state and times; accounting
+        # shows only sums of those (no spec, env or logs), so it asks for nothing more.
+        identify(context)
+        query = accounting.Query(
+            by=tuple(request.by), since=request.since_ms / 1000 if request.since_ms else None,
+            until=request.until_ms / 1000 if request.until_ms else None,
+            users=frozenset(request.users), queues=frozenset(q.removeprefix("root.") for q in request.queues))
+        problems = query.problems()
+        if problems:
+            raise RequestError(ErrorCode.INVALID_ARGUMENT, "; ".join(problems))
+        core = self.shell.core
+        rows = accounting.aggregate(accounting.usages(core.jobs.values(), core.containers.values()), query)
+        if not query.by and not rows[0].jobs:
+            rows = []
+        return pb.AccountingResponse(rows=[_acct_row(r) for r in rows], total=_acct_row(accounting.total(rows)),
+                                     since_ms=request.since_ms, until_ms=request.until_ms)
+
+
+def _acct_row(r: accounting.Row) -> pb.AccountingRow:
+    return pb.AccountingRow(key=r.key, jobs=r.jobs, succeeded=r.succeeded, failed=r.failed, killed=r.killed,
+                            preempted=r.preempted, preemptions=r.preemptions, gpu_seconds=r.gpu_s, waited=r.waited,
+                            wait_total_s=r.wait_total_s, wait_max_s=r.wait_max_s)
 
 
 class AdminService(pbg.AdminServicer):

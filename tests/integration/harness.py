@@ -35,14 +35,15 @@ class CliResult:
 
 
 class DevCluster:
-    def __init__(self, state_dir: Path, nodes: int = 3, gpus_per_node: int = 8, racks: int = 2,
+    def __init__(self, state_dir: Path, nodes: int = 3, gpus_per_node: int = 8, racks: int | None = 2,
                  broker: TestBroker | None = None, extra: Iterable[str] = ()) -> None:
+        """`racks` None: the command's default (--racks not given)."""
         self.state_dir = state_dir
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "gpurm.cli.main", "dev-cluster", "--nodes", str(nodes), "--gpus-per-node",
-                str(gpus_per_node), "--racks", str(racks), "--state-dir", str(state_dir), "--port", str(self.port),
-                "--http-port", "0", *extra]
+                str(gpus_per_node), *(["--racks", str(racks)] if racks is not None else []), "--state-dir",
+                str(state_dir), "--port", str(self.port), "--http-port", "0", *extra]
         if broker is not None:
             args += broker.dev_cluster_args()
         state_dir.mkdir(parents=True, exist_ok=True)

@@ -163,3 +163,19 @@ def test_an_agent_without_a_credential_exits_2_saying_what_to_set(tmp_path: Path
                                       "node_secret_file": str(secret)}))
     done = subprocess.run(agent_cmd(config), capture_output=True, text=True, timeout=WAIT, check=False)
     assert done.returncode == 2 and "readable by others: chmod 600" in done.stderr, done.stderr
+
+
+def test_an_agent_told_to_give_up_on_the_rm_exits_3(tmp_path: Path) -> None:
+    # rm_retry.give_up_after: once the RM has been unreachable that long the agent exits 3 for its service manager
+    # to restart it (by default it never gives up). Nobody listens on the RM's port here.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    config = tmp_path / "agent.yaml"
+    config.write_text(yaml.safe_dump({"node_id": "n", "state_dir": str(tmp_path / "s"), "listen": "127.0.0.1:0",
+                                      "rm": f"127.0.0.1:{dead}", "gpus": {"fake": 1}, "node_secret": "ab" * 32,
+                                      "rm_retry": {"base": "100ms", "max": "500ms", "give_up_after": "2s"}}))
+    done = subprocess.run(agent_cmd(config), capture_output=True, text=True, timeout=WAIT, check=False)
+    assert done.returncode == 3, done.stderr
+    assert f"the RM at 127.0.0.1:{dead} has been unreachable for" in done.stderr
+    assert "exiting, containers left running" in done.stderr, done.stderr

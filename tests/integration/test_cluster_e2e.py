@@ -140,7 +140,7 @@ def test_bad_job_files_are_refused_with_one_line_and_create_nothing(cluster: Dev
 @pytest.mark.parametrize("command", ["status", "logs", "kill"])
 def test_unknown_job_ids(cluster: DevCluster, command: str) -> None:
     r = cluster.gpurm(command, "job-999999")
-    assert r.code == 2 and "job-999999" in r.err and len(r.err.strip().splitlines()) == 1
+    assert r.code == 4 and "job-999999" in r.err and len(r.err.strip().splitlines()) == 1
 
 
 def test_flag_errors(cluster: DevCluster) -> None:
@@ -155,8 +155,10 @@ def test_unreachable_rm_is_one_line(cluster: DevCluster) -> None:
 
     r = cluster.gpurm("--help")
     assert r.code == 0 and "example" in r.out
-    r = cluster.gpurm("submit", "--gpus", "1", "--", "true", env={"GPURM_RM": f"127.0.0.1:{free_port()}"})
-    assert r.code == 2 and "cannot reach the RM" in r.err and len(r.err.strip().splitlines()) == 1
+    # --retry-for 0 (GPURM_RETRY_FOR=0): no riding out an outage; exit 3 says the RM could not be reached.
+    r = cluster.gpurm("submit", "--gpus", "1", "--", "true",
+                      env={"GPURM_RM": f"127.0.0.1:{free_port()}", "GPURM_RETRY_FOR": "0"})
+    assert r.code == 3 and "cannot reach the RM" in r.err and len(r.err.strip().splitlines()) == 1
 
 
 def test_sigkilled_agent_shows_lost_within_the_expiry(tmp_path: Path, broker: TestBroker) -> None:
@@ -209,3 +211,16 @@ def test_kill_takes_many_ids_or_selectors_and_asks_before_killing_what_selectors
     r = cluster.gpurm("kill", "--user", getpass.getuser(), "--state", "RUNNING", "--yes", "-o", "json")
     assert r.code == 0 and [x["job_id"] for x in r.json()] == [jobs[2]], r.out
     assert cluster.job(jobs[2]).state == pb.JOB_KILLED
+
+
+def test_a_one_node_dev_cluster_runs_a_job(tmp_path: Path, broker: TestBroker) -> None:
+    # `gpurm dev-cluster --nodes 1` was refused: its default --racks 2 is more racks than nodes.
+    c = DevCluster(tmp_path / "one", nodes=1, gpus_per_node=2, racks=None, broker=broker)
+    try:
+        assert "1 node x 2 GPUs (2) in 1 rack" in c.log_text()
+        (node,) = c.nodes()
+        assert node.rack == "rack-1"
+        job = c.submit("--gpus", "2", "--", "true")
+        assert c.wait_job(job).state == pb.JOB_SUCCEEDED
+    finally:
+        assert c.stop() == 0, c.log_text()

@@ -109,6 +109,17 @@ def test_refresh_with_a_bad_file_keeps_the_old_tree(cluster: DevCluster, tmp_pat
     r = c.gpurm("admin", "refresh-queues", str(good))
     assert r.code == 0, r.err
     assert queue_row(c, "root.team-a")["weight"] == 3
+    # Guarantees above the cluster's 16 GPUs: applied (capacity changes as servers come and go), with a warning
+    # from the RM, which knows the capacity; check-queues says the same offline for the --capacity it is given.
+    over = tmp_path / "over.yaml"
+    over.write_text(QUEUES.replace("team-a: {}", "team-a: {min_gpus: 12}").replace("team-b: {}",
+                                                                                   "team-b: {min_gpus: 10}"))
+    r = c.gpurm("admin", "refresh-queues", str(over))
+    assert r.code == 0 and "warning: the top-level queues guarantee 22 GPUs" in r.err and "has 16" in r.err, r.err
+    assert queue_row(c, "root.team-a")["min_gpus"] == 12
+    r = c.gpurm("admin", "check-queues", str(over), "--capacity", "16")
+    assert r.code == 0 and "warning: the top-level queues guarantee 22 GPUs" in r.err and "is valid" in r.out
+    assert "warning" not in c.gpurm("admin", "check-queues", str(over), "--capacity", "32").err
 
 
 def test_sighup_rereads_the_configured_file(cluster: DevCluster) -> None:

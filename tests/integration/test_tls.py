@@ -132,7 +132,7 @@ def test_a_plaintext_client_is_refused(cluster: Cluster) -> None:
         pbg.ClientStub(ch).GetClusterInfo(pb.ClusterInfoRequest(), timeout=5)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     out = gpurm(cluster.rm, None, "jobs")
-    assert out.returncode == 2
+    assert out.returncode == 3
     assert "cannot reach the RM" in out.stderr and "GPURM_TLS_CA" in out.stderr, out.stderr
 
 
@@ -141,7 +141,7 @@ def test_a_certificate_from_another_ca_is_refused(cluster: Cluster, certs: Certs
         pbg.ClientStub(ch).GetClusterInfo(pb.ClusterInfoRequest(), timeout=5)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     out = gpurm(cluster.rm, certs.stranger, "jobs")
-    assert out.returncode == 2 and "over mTLS" in out.stderr, out.stderr
+    assert out.returncode == 3 and "over mTLS" in out.stderr, out.stderr
 
 
 def test_the_user_is_the_certificate_name_whatever_the_metadata_says(cluster: Cluster, certs: Certs) -> None:

@@ -219,3 +219,27 @@ def test_the_metrics_exporter_listens_on_loopback_by_default_and_can_be_turned_o
     assert off.telemetry.metrics_listen == ""
     with pytest.raises(ConfigError, match=r"telemetry\.metrics_listen"):
         load_agent_config(None, {**FAKE2, "telemetry": {"metrics_listen": "no-port-here"}}, environ={})
+
+
+def test_rm_retry_defaults_to_never_giving_up_and_is_validated() -> None:
+    cfg = load_agent_config(None, FAKE2, environ={})
+    assert (cfg.rm_retry.base_s, cfg.rm_retry.max_s, cfg.rm_retry.give_up_s) == (0.2, 5.0, 0.0)
+    cfg = load_agent_config(None, {**FAKE2, "rm_retry": {"base": "1s", "max": "30s", "give_up_after": "1h"}},
+                            environ={})
+    assert (cfg.rm_retry.base_s, cfg.rm_retry.max_s, cfg.rm_retry.give_up_s) == (1.0, 30.0, 3600.0)
+    with pytest.raises(ConfigError) as err:
+        load_agent_config(None, {**FAKE2, "rm_retry": {"base": "10s", "max": "1s", "every": 3}}, environ={})
+    assert any("rm_retry.max" in p and "at least base" in p for p in err.value.problems), err.value.problems
+    assert any("rm_retry.every" in p for p in err.value.problems), err.value.problems
+
+
+def test_mqtt_advertise_is_checked() -> None:
+    assert load_agent_config(None, FAKE2, environ={}).mqtt_advertise == ""
+    cfg = load_agent_config(None, {**FAKE2, "mqtt": {"advertise": "mqtt://10.0.0.5:1883"}}, environ={})
+    assert cfg.mqtt_advertise == "mqtt://10.0.0.5:1883"
+    for bad in ("10.0.0.5:1883", "mqtt://10.0.0.5", "mqtt://:1883", "mqtt://broker:0"):
+        with pytest.raises(ConfigError) as err:
+            load_agent_config(None, {**FAKE2, "mqtt": {"advertise": bad}}, environ={})
+        assert any(p.startswith("mqtt.advertise") and "mqtt://HOST:PORT" in p for p in err.value.problems), bad
+    with pytest.raises(ConfigError, match=r"mqtt\.url"):
+        load_agent_config(None, {**FAKE2, "mqtt": {"url": "mqtt://x:1"}}, environ={})

@@ -33,7 +33,9 @@ def test_every_enum_of_the_protocol_reads_like_the_tables() -> None:
     assert enum_name(pb.Job.DESCRIPTOR.fields_by_name["state"].enum_type, 99) == "99"   # from a newer RM
 
 
-def test_an_unset_message_field_is_null_and_bytes_are_base64() -> None:
-    plain = to_plain(pb.ContainerToken(payload=b"\x00\xff", key_id=3))
-    assert plain == {"payload": "AP8=", "signature": "", "key_id": 3}
-    assert to_plain(pb.Job())["spec"] is None
+def test_an_unset_optional_is_null_an_unset_message_is_its_defaults_and_bytes_are_text() -> None:
+    plain = to_plain(pb.GetLogsResponse(data=b"loss 0.3\n\xff"))
+    assert plain["data"] == "loss 0.3\n\ufffd"
+    spec = to_plain(pb.Job())["spec"]
+    assert spec["max_retries"] is None and spec["gpus"] == 0
+    assert to_plain(pb.JobSpec(max_retries=0))["max_retries"] == 0

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpurm.queues.config import parse_queues
+from gpurm.queues.config import capacity_warnings, parse_queues
 from gpurm.queues.fields import ConfigError
 from gpurm.queues.tree import Policy, acl_allows
 
@@ -86,3 +86,13 @@ def test_acl_entries() -> None:
     assert acl_allows({"alice", "@ml"}, "bob", ["ml"])
     assert not acl_allows({"alice", "@ml"}, "bob", ["staff"])
     assert acl_allows({"*"}, "anyone", [])
+
+
+def test_guarantees_above_the_capacity_are_a_warning_not_an_error() -> None:
+    tree = parse_queues("queues:\n  research: {min_gpus: 400, queues: {nlp: {min_gpus: 300}, cv: {}}}\n"
+                        "  prod: {min_gpus: 200}\n  dev: {}\n", "q.yaml")
+    assert capacity_warnings(tree, 600) == [] and capacity_warnings(tree, 1000) == []
+    (warning,) = capacity_warnings(tree, 512)
+    assert warning.startswith("the top-level queues guarantee 600 GPUs (min_gpus: research 400, prod 200) but the "
+                              "cluster has 512: every guarantee is scaled down to 85% of its min_gpus")
+    assert "at most 512" in warning
