@@ -1,6 +1,7 @@
-"""Prometheus metrics through the real path: a dev cluster's agents serve their exporters on ports they report to
-the RM (`gpurm nodes -o json` shows them), and a real Prometheus server scrapes them and answers queries: per-GPU
-utilisation under DCGM's name, labelled with the job on that GPU."""
+"""Prometheus metrics through the real path: the RM serves /metrics on its HTTP server, a dev cluster's agents serve
+their exporters on ports they report to the RM (`gpurm nodes -o json` shows them), and a real Prometheus server
+scrapes them all and answers queries: per-GPU utilisation under DCGM's name labelled with the job on that GPU, the
+RM's GPUs by state, its jobs and its RPC latencies."""
 
 from __future__ import annotations
 
@@ -35,13 +36,22 @@ def test_prometheus_scrapes_the_agents_gpu_metrics_with_the_job_on_each_gpu(clus
 
     job_id = c.submit("--gpus", "2", "--name", "busy", "--", "sleep", "30")
     c.wait_job(job_id, states=[pb.JOB_RUNNING], timeout=60)
-    prom = Prometheus(tmp_path / "prom", {"gpurm-agents": targets})
+    rm_target = c.http_url.removeprefix("http://").rstrip("/")
+    with urllib.request.urlopen(f"{c.http_url.rstrip('/')}/metrics", timeout=5) as r:
+        rm_text = r.read().decode()
+    assert 'gpurm_gpus{state="used"} 2.0' in rm_text and "gpurm_rpc_seconds_bucket" in rm_text, rm_text[:2000]
+    prom = Prometheus(tmp_path / "prom", {"gpurm-agents": targets, "gpurm-rm": [rm_target]})
     try:
         result = prom.wait_for(f'DCGM_FI_DEV_GPU_UTIL{{gpurm_job="{job_id}"}}', timeout=40,
                                until=lambda r: len(r) == 2)    # both GPUs of the job, on one server
         assert all(55 <= float(r["value"][1]) <= 95 for r in result), result   # the fake GPUs' busy range
         assert {r["metric"]["modelName"] for r in result} == {"H100-80GB"}
         prom.wait_for("sum(gpurm_gpu_healthy)", until=lambda r: bool(r) and float(r[0]["value"][1]) == 4.0)
+        (free,) = prom.wait_for('gpurm_gpus{state="free"}')
+        assert float(free["value"][1]) == 2.0 and free["metric"]["job"] == "gpurm-rm"
+        running = prom.wait_for('gpurm_jobs{state="RUNNING",queue="root.default"}')
+        assert float(running[0]["value"][1]) == 1.0
+        assert prom.wait_for('sum(gpurm_rpc_seconds_count{method="Allocate"})')
     finally:
         prom.stop()
         c.gpurm("kill", job_id)

@@ -24,6 +24,7 @@ from gpurm.rm.http.api import CALLER, MTLS, SHELL
 from gpurm.rm.http.auth import who_asks
 from gpurm.rm.identity import address_is_local
 from gpurm.rm.messages import ErrorCode, RequestError
+from gpurm.rm.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpurm.rm.service import status_details
 from gpurm.rm.tls import TLSConfig
 
@@ -118,6 +119,13 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     return response
 
 
+async def prometheus_metrics(request: web.Request) -> web.Response:
+    """The RM's metrics for Prometheus (gpurm/rm/metrics.py, docs/metrics.md): any caller the middleware admits
+    (under mTLS, a certificate of the cluster's CA) may scrape them; they hold sums, not jobs' contents."""
+    shell = request.app[SHELL]
+    return web.Response(body=shell.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
 def build_app(shell: RMShell, config: HTTPConfig, mtls: bool, extra: Iterable[RouteHook] = ()) -> web.Application:
     app = web.Application(middlewares=[guard], client_max_size=config.max_body_bytes)
     app[SHELL] = shell
@@ -126,6 +134,7 @@ def build_app(shell: RMShell, config: HTTPConfig, mtls: bool, extra: Iterable[Ro
     app[LOCAL_ONLY] = host in LOOPBACK_NAMES or address_is_local(host)
     api.register(app)
     pages.register(app)
+    app.router.add_get("/metrics", prometheus_metrics)
     for hook in extra:
         hook(app, shell)
     return app
