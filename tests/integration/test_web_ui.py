@@ -1,13 +1,15 @@
 """The web UI in a real browser: Debian's Chromium driven by Selenium against a real dev cluster. Each page is
 loaded and what it shows is checked (a submitted job in the jobs table, its state and placement on its page, its
-log, live refresh without a reload, text from users shown as text). Saves docs/img/overview.png and
-docs/img/job.png, which README.md shows.
+log, live refresh without a reload, text from users shown as text). Takes screenshots of the overview and a job
+page; with GPURM_UPDATE_SCREENSHOTS=1 they replace docs/img/overview.png and docs/img/job.png, which README.md
+shows (otherwise they go to the test's temp dir, so a test run leaves the tree clean).
 
 Chromium missing is a failure naming the command that installs it (./scripts/setup-venv runs it as root), never a
 skip."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +30,7 @@ from tests.conftest import TestBroker
 from tests.integration.harness import ROOT, DevCluster
 
 INSTALL = "apt-get update && apt-get install -y chromium chromium-driver"
-IMAGES = ROOT / "docs" / "img"
+DOC_IMAGES = ROOT / "docs" / "img"
 T = TypeVar("T")
 
 
@@ -100,7 +102,15 @@ def csp_violations(browser: WebDriver) -> list[str]:
     return [e["message"] for e in browser.get_log("browser") if "Content Security Policy" in e["message"]]
 
 
-def test_pages_in_a_browser(cluster: DevCluster, browser: WebDriver) -> None:
+def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if os.environ.get("GPURM_UPDATE_SCREENSHOTS") == "1":
+        return DOC_IMAGES
+    return tmp_path_factory.mktemp("screenshots")
+
+
+def test_pages_in_a_browser(cluster: DevCluster, browser: WebDriver, tmp_path_factory: pytest.TempPathFactory
+                            ) -> None:
+    IMAGES = screenshots(tmp_path_factory)
     url = cluster.http_url
     big = cluster.submit("--gpus", "6", "--name", "resnet-6gpu", "--", "sh", "-c",
                          "echo epoch 1 loss 0.93; echo epoch 2 loss 0.71; sleep 120")
