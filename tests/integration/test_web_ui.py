@@ -40,7 +40,7 @@ def browser_binaries() -> tuple[str, str]:
         (p for p in ("/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver") if Path(p).exists()), None)
     if chrome is None or driver is None:
         pytest.fail(f"the web UI tests need Chromium and its driver: install them with `{INSTALL}` "
-                    "(./scripts/setup-venv does it when run as root)", pytrace=False)
+                    "(./scripts/system-deps does it when run as root)", pytrace=False)
     return chrome, driver
 
 
