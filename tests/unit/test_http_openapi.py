@@ -56,21 +56,21 @@ def test_json_shape_enums_numbers_and_presence() -> None:
 
 
 async def test_extra_routes_mount_behind_the_same_middleware() -> None:
-    """Where /metrics will go: a hook given the app and the shell; its answers get the same headers and errors."""
+    """An extension route: a hook given the app and the shell; its answers get the same headers and errors."""
     from aiohttp.test_utils import TestClient, TestServer
 
     from gpurm.rm.config import HTTPConfig
     from gpurm.rm.http.server import build_app
 
-    async def metrics(request: web.Request) -> web.Response:
+    async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="gpurm_up 1\n")
 
     def hook(app: web.Application, shell: object) -> None:
-        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/healthz", healthz)
 
     app = build_app(object(), HTTPConfig(), mtls=False, extra=[hook])  # type: ignore[arg-type]
     async with TestClient(TestServer(app)) as client:
-        got = await client.get("/metrics")
+        got = await client.get("/healthz")
         assert got.status == 200 and await got.text() == "gpurm_up 1\n"
         assert "script-src 'self'" in got.headers["Content-Security-Policy"]
         missing = await client.get("/api/v1/nope")

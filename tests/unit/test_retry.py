@@ -130,17 +130,18 @@ def test_a_call_gives_up_after_its_window_with_exit_3(capsys: pytest.CaptureFixt
     rm.close()
 
 
-@pytest.mark.parametrize("failure", [Failure(grpc.StatusCode.NOT_FOUND, "no job job-9"),
-                                     Failure(grpc.StatusCode.UNAVAILABLE, "cannot read the log of c-1 from node-2",
-                                             ANSWERED),
-                                     Failure(grpc.StatusCode.UNAVAILABLE, "the RM's store cannot be written")])
-def test_refusals_are_not_retried(failure: Failure) -> None:
+@pytest.mark.parametrize(("failure", "code"), [
+    (Failure(grpc.StatusCode.NOT_FOUND, "no job job-9"), 4),
+    (Failure(grpc.StatusCode.PERMISSION_DENIED, "bob may not kill job-9"), 5),
+    (Failure(grpc.StatusCode.UNAVAILABLE, "cannot read the log of c-1 from node-2", ANSWERED), 2),
+    (Failure(grpc.StatusCode.UNAVAILABLE, "the RM's store cannot be written"), 2)])
+def test_refusals_are_not_retried_and_exit_with_their_own_code(failure: Failure, code: int) -> None:
     clock = FakeClock()
     rm = rm_with(clock, 60)
     method = flaky([failure])
     with pytest.raises(CliError) as err:
         rm.call(method, "req")
-    assert len(method.calls) == 1 and clock.slept == [] and err.value.code == 2
+    assert len(method.calls) == 1 and clock.slept == [] and err.value.code == code
     assert "cannot reach the RM" not in err.value.message
     rm.close()
 
