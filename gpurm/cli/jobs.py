@@ -278,6 +278,8 @@ def render_status(job: pb.Job, now: float | None = None) -> str:
             state += f" (exit code {job.exit_code})"
     field("state", state)
     held = f", holding {job.gpus_held}" if job.gpus_held else ""
+    if spec.gpu_share_milli:
+        held = " of one shared GPU" + (" (running on it)" if job.gpus_held else "")
     if spec.max_gpus > spec.gpus:
         target = job.target_gpus or spec.max_gpus
         held += f" (elastic {spec.gpus} to {spec.max_gpus}, target {target}: gpurm scale {job.job_id} N)"
