@@ -91,6 +91,7 @@ class RMCore:
         self.preempting = self.index.preempting
         self.asking: dict[str, AppState] = {}     # apps with outstanding asks: what a scheduling pass looks at
         self.elastic = ElasticBook(self.cluster)  # elastic jobs' growth asks and containers (rm/elastic.py)
+        self.elastic.idle_hold_s = self.settings.elastic_idle_hold_s
         # A full scheduling pass is due when GPUs came free or nodes / limits changed; otherwise only apps whose
         # asks changed can be granted anything, and a pass looks at those alone.
         self.pass_due = True
@@ -701,6 +702,8 @@ class RMCore:
         grants = self._schedule_gangs(now)
         if self.elastic.growth or self.elastic.on_node:
             grants += self._elastic_pass(now)
+        else:
+            self.elastic.idle_since = None   # unwatched: the idle hold starts again at the next growth ask
         return grants
 
     def _schedule_gangs(self, now: float) -> list[Grant]:
@@ -752,12 +755,18 @@ class RMCore:
         waiting = [(a.app.job_id, a.app.asks) for a in sorted(self.asking.values(), key=lambda a: a.app.seq)
                    if a.registered and a.app.asks and not a.app.blocked]
         if waiting:
+            self.elastic.note_wanted(True, now)
             rack_of = {n: self.cluster.nodes[n].rack for n in self.elastic.on_node if n in self.cluster.nodes}
             for taken in self.elastic.to_take_back(waiting, rack_of):
                 self._take_back(taken.container, taken.for_job, now)
             return []
         if any(self.reclaims.reserved(now).values()):
+            self.elastic.note_wanted(True, now)
             return []                    # GPUs preemption freed for a queue are that queue's, not growth's
+        budget = self.growth_budget()
+        self.elastic.note_wanted(budget <= 0, now)
+        if budget <= 0 or not self.elastic.hold_over(now):
+            return []                    # growth takes only GPUs nobody has wanted for IDLE_HOLD_S
         grants: list[Grant] = []
         for g in self.elastic.growers():
             job = self.jobs.get(g.job_id)
@@ -783,6 +792,43 @@ class RMCore:
             g.asks = [a for a in g.asks if a.count > 0]
             self.elastic.set_growth(g)
         return grants
+
+    def growth_budget(self) -> int:
+        """How many free GPUs growth may take now: none while any queue wants GPUs it may have (unmet_demand),
+        whether or not its jobs ask yet; else every free GPU."""
+        return self.cluster.free_gpus if self.unmet_demand() < 0.001 else 0
+
+    def unmet_demand(self) -> float:
+        """GPUs that queues' jobs want and do not hold, less what only a max_gpus of their own holds back: per
+        leaf, its demand (every unfinished job's size, an elastic job's minimum) beyond its usage less its
+        growth. That counts the jobs no ask shows (queued without an AM, AMs backing off, gangs half granted),
+        which would otherwise find their GPUs grown on and have to take them back."""
+        growth: dict[str, float] = {}
+        for job_id, gpus in self.elastic.held.items():
+            job = self.jobs.get(job_id)
+            if job is not None:
+                growth[job.queue] = growth.get(job.queue, 0.0) + gpus
+        if growth:                        # charged to the leaf and its ancestors alike
+            for leaf_path, amount in list(growth.items()):
+                leaf = self.queues.tree.by_path.get(leaf_path)
+                for a in leaf.ancestry() if leaf is not None else ():
+                    if a.path != leaf_path:
+                        growth[a.path] = growth.get(a.path, 0.0) + amount
+        used, demand = self.queues.used, self.queues.demand
+        total = 0.0
+        for leaf in self.queues.tree.leaves:
+            want = demand.get(leaf.path, 0.0)
+            if want <= 0:
+                continue
+            unmet = want - (used.get(leaf.path, 0.0) - growth.get(leaf.path, 0.0))
+            if unmet < 0.001:
+                continue
+            for q in leaf.ancestry():
+                if q.max_gpus is not None:
+                    unmet = min(unmet, q.max_gpus - (used.get(q.path, 0.0) - growth.get(q.path, 0.0)))
+            if unmet >= 0.001:            # what its own cap holds back, growth elsewhere takes nothing from
+                total += unmet
+        return total
 
     def _growth_node(self, ask: Ask) -> Node | None:
         if ask.node_id:
@@ -895,7 +941,9 @@ class RMCore:
 
     def next_check(self, now: float) -> float | None:
         """When time-driven queue work may next come due (see Reclaims.next_check); None when nothing can."""
-        return self.reclaims.next_check(now)
+        at = self.reclaims.next_check(now)
+        grow = self.elastic.next_growth(now)
+        return grow if grow is not None and (at is None or grow < at) else at
 
     def _preempt_job(self, job: Job, d: preemption.Decision, grace_s: float, now: float) -> None:
         deadline = now + grace_s

@@ -51,6 +51,8 @@ class RMSettings:
     inqueue_min_run_s: float = 300.0      # a job runs at least this long before a same-queue job may preempt it
     # las: GPU-seconds of attained service at which a job drops to the next level (rm.yaml preemption.las_thresholds)
     las_thresholds_gpu_s: tuple[float, ...] = LAS_THRESHOLDS_GPU_S
+    # elastic jobs grow only once no queue has wanted GPUs it may have for this long (rm.yaml elastic.idle_hold)
+    elastic_idle_hold_s: float = 300.0
 
 
 # ---------------------------------------------------------------- effects for the shell

@@ -280,7 +280,8 @@ class Engine:
             if payload != self._check_at:
                 return False                      # a later-scheduled check replaced this one
             self._check_at = None
-            if not self.check_preemption(now):
+            grow = bool(self.core.elastic.growth) and self.core.elastic.hold_over(now)
+            if not self.check_preemption(now) and not grow:
                 self.schedule_check(now)          # nothing came due: no settle, just the next check
                 return False
         return True
@@ -412,10 +413,17 @@ class Engine:
         free = core.cluster.free_gpus
         if free <= 0 or any(a.registered and a.app.asks and not a.app.blocked for a in core.asking.values()):
             return                       # nothing idle, or a job waits: the RM would grant no growth now
-        for job_id in list(self.growers)[:free]:     # the longest unserved first: woken ones go to the back
+        budget = core.growth_budget()
+        # The longest unserved first, until what they want adds up to what growth may take (not one per free
+        # GPU: a herd of AMs asking for the same GPUs): woken ones go to the back.
+        for job_id in list(self.growers):
+            if budget <= 0:
+                break
             del self.growers[job_id]
             self.growers[job_id] = None
             self.dirty[job_id] = None
+            m = self.ams[job_id].master
+            budget -= max(1, m.target - m.live_gpus)
 
     def wake_planners(self, now: float) -> None:
         """After GPUs came free, wake idle AMs that might now fit, in the order the RM serves them (neediest queue

@@ -58,7 +58,9 @@ def test_an_elastic_torchrun_job_grows_shrinks_and_keeps_training(tmp_path: Path
     work = tmp_path / "work"
     work.mkdir()
     work.chmod(0o777)                # the learners run as an unprivileged user and checkpoint here
-    c = DevCluster(tmp_path / "c", nodes=3, gpus_per_node=1, racks=1, broker=broker)
+    # Growth at once once nobody wants the GPUs (the default hold is 5 minutes).
+    c = DevCluster(tmp_path / "c", nodes=3, gpus_per_node=1, racks=1, broker=broker,
+                   extra=["--rm-option", "elastic.idle_hold=1s"])
     try:
         job = c.submit("--gpus", "1:3", "--workdir", str(work), "--", "sh", "-c",
                        torchrun(work))

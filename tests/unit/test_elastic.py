@@ -4,6 +4,7 @@ its state machine's handling of grown learners. Injected clock, no sockets."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -11,10 +12,13 @@ from gpurm.am.elastic import growth_parts
 from gpurm.am.master import Ended, Held, Launch, Master, Phase, Stop
 from gpurm.am.placement import ServerView, View
 from gpurm.queues.fields import ConfigError
-from gpurm.rm.core import AttemptUpdate, ContainerReport, ErrorCode, RequestError, RMCore
+from gpurm.rm.config import load_rm_config
+from gpurm.rm.core import AttemptUpdate, ContainerReport, ErrorCode, LaunchAM, RequestError, RMCore
+from gpurm.rm.elastic import IDLE_HOLD_S
 from gpurm.rm.jobspec import JobSpec, LocalityLevel, parse_gpus, parse_job_yaml, spec_from_proto, spec_to_proto
 from gpurm.rm.model import JobState, Learner
 from gpurm.rm.scheduler import Ask
+from tests.unit.test_fair_scheduling import Rig
 from tests.unit.test_rm_core import cluster, launched, restarted, running
 
 # ---------------------------------------------------------------- spec
@@ -45,6 +49,13 @@ def test_bad_elastic_specs_name_the_field(text: str, needle: str) -> None:
 # ---------------------------------------------------------------- RM
 
 
+def at_once(core: RMCore) -> RMCore:
+    """No idle hold: growth goes ahead the moment nobody wants the GPUs (for the tests of what growth does;
+    test_growth_waits_until_no_queue_has_wanted_gpus_for_the_idle_hold is about when)."""
+    core.elastic.idle_hold_s = 0.0
+    return core
+
+
 def running_job(core: RMCore, spec: JobSpec, node: str = "n1", now: float = 1.0) -> tuple[str, str]:
     """Submit `spec`, bring up its AM, grant its gang on `node` and report it running: (job id, container)."""
     job = core.submit(spec, "alice", now)
@@ -59,7 +70,7 @@ def running_job(core: RMCore, spec: JobSpec, node: str = "n1", now: float = 1.0)
 
 
 def test_an_elastic_job_grows_on_idle_gpus_as_preemptible_elastic_containers() -> None:
-    core = cluster(2, gpus=4)
+    core = at_once(cluster(2, gpus=4))
     job, _ = running_job(core, JobSpec(gpus=4, command=["x"], max_gpus=8))
     r = core.allocate(job, 1, 2, [Ask(gpus=4, node_id="n2", elastic=True)], [], [], 2.0)
     (g,) = r.grants
@@ -77,7 +88,7 @@ def test_a_rigid_jobs_elastic_asks_are_ignored() -> None:
 
 
 def test_growth_waits_while_a_gang_waits_and_is_taken_back_for_it() -> None:
-    core = cluster(2, gpus=4)
+    core = at_once(cluster(2, gpus=4))
     job, _ = running_job(core, JobSpec(gpus=4, command=["x"], max_gpus=8))
     (grown,) = core.allocate(job, 1, 2, [Ask(gpus=4, node_id="n2", elastic=True)], [], [], 2.0).grants
     core.node_heartbeat("n2", "s2", [running(grown.container_id)], 2.1)
@@ -101,6 +112,70 @@ def test_growth_waits_while_a_gang_waits_and_is_taken_back_for_it() -> None:
     assert [g.node_id for g in r.grants] == ["n2"]
 
 
+def test_no_growth_while_a_queued_job_without_asks_wants_gpus() -> None:
+    core = at_once(cluster(3, gpus=4))
+    job, _ = running_job(core, JobSpec(gpus=4, command=["x"], max_gpus=8))
+    # A job queued behind it has no AM yet (so no ask): growth would take the GPUs it is about to ask for.
+    other = core.submit(JobSpec(gpus=4, command=["y"]), "bob", 2.0)
+    assert core.unmet_demand() == 4 and core.growth_budget() == 0
+    assert core.allocate(job, 1, 2, [Ask(gpus=4, node_id="n2", elastic=True)], [], [], 2.1).grants == []
+    # Its AM comes up and runs its gang: nobody wants more than they hold, and growth goes ahead.
+    (launch,) = launched(core)
+    core.node_heartbeat(launch.node_id, "s" + launch.node_id[1:], [running(launch.container_id)], 3.0)
+    core.register_am(other.job_id, launch.am_attempt, 3.0)
+    assert [g.node_id for g in core.allocate(other.job_id, 1, 0, [Ask(gpus=4, node_id="n2")], [], [], 3.1).grants] \
+        == ["n2"]
+    assert core.unmet_demand() == 0 and core.growth_budget() == 4
+    (grown,) = core.allocate(job, 1, 3, [Ask(gpus=4, node_id="n3", elastic=True)], [], [], 3.2).grants
+    assert grown.node_id == "n3" and core.unmet_demand() == 0    # its own growth is not demand
+
+
+def test_growth_waits_until_no_queue_has_wanted_gpus_for_the_idle_hold() -> None:
+    core = cluster(3, gpus=4)
+    job, _ = running_job(core, JobSpec(gpus=4, command=["x"], max_gpus=8))
+    grow = [Ask(gpus=4, node_id="n2", elastic=True)]
+    assert core.allocate(job, 1, 2, grow, [], [], 2.0).grants == []          # idle from now on
+    assert core.next_check(2.0) == 2.0 + IDLE_HOLD_S                           # when to look again
+    assert core.allocate(job, 1, 3, grow, [], [], 100.0).grants == []
+    # A job arrives (no AM, no ask yet): the GPUs are wanted, and the hold starts again once they are not.
+    other = core.submit(JobSpec(gpus=4, command=["y"]), "bob", 150.0)
+    assert core.allocate(job, 1, 4, grow, [], [], 2.0 + IDLE_HOLD_S).grants == []
+    assert core.elastic.next_growth(2.0 + IDLE_HOLD_S) is None
+    (launch,) = launched(core)
+    core.node_heartbeat(launch.node_id, "s" + launch.node_id[1:], [running(launch.container_id)], 400.0)
+    core.register_am(other.job_id, launch.am_attempt, 400.0)
+    assert core.allocate(other.job_id, 1, 0, [Ask(gpus=4, node_id="n3")], [], [], 400.0).grants != []
+    assert core.allocate(job, 1, 5, grow, [], [], 400.0 + IDLE_HOLD_S - 1).grants == []
+    (g,) = core.allocate(job, 1, 6, grow, [], [], 400.0 + IDLE_HOLD_S).grants
+    assert g.node_id == "n2" and core.containers[g.container_id].elastic
+
+
+def test_rm_yaml_sets_the_idle_hold(tmp_path: Path) -> None:
+    (tmp_path / "rm.yaml").write_text("elastic: {idle_hold: 90s}\n")
+    settings = load_rm_config(tmp_path / "rm.yaml").settings
+    assert settings.elastic_idle_hold_s == 90.0 and RMCore(settings).elastic.idle_hold_s == 90.0
+    shipped = load_rm_config(Path(__file__).resolve().parents[2] / "configs" / "rm.yaml").settings
+    assert shipped.elastic_idle_hold_s == IDLE_HOLD_S == RMCore().elastic.idle_hold_s
+
+
+def test_a_queue_held_back_by_its_own_max_gpus_does_not_stop_growth() -> None:
+    rig = Rig("queues:\n  a: {max_gpus: 4}\n  b: {}\n", nodes=2, gpus=4)
+    at_once(rig.core)
+    ja, jb = rig.job("a", 4), rig.job("a", 4)
+    rig.ask(ja, [Ask(gpus=4, node_id="n0")])
+    assert rig.ask(jb, [Ask(gpus=4)]) == []               # a is at its cap: jb waits for a's own GPUs
+    je = rig.core.submit(JobSpec(gpus=2, command=["x"], queue="b", max_gpus=4), "u", 0.0).job_id
+    (launch,) = [e for e in rig.core.take_outbox() if isinstance(e, LaunchAM)]
+    rig.core.register_am(je, launch.am_attempt, 0.0)
+    (cid,) = rig.ask(je, [Ask(gpus=2, node_id="n1")])
+    gang = [Learner(0, "n1", rig.core.containers[cid].gpu_indices, cid)]
+    rig.core.allocate(je, 1, rig.resp[je], [], [], [AttemptUpdate(1, JobState.RUNNING, learners=gang, level="node")],
+                      0.0)
+    rig.resp[je] += 1
+    assert rig.core.unmet_demand() == 0                     # jb waits on a's cap, not on GPUs
+    assert rig.ask(je, [Ask(gpus=2, node_id="n1", elastic=True)]) != []
+
+
 def test_scale_sets_the_target_within_min_and_max_and_checks_who_asks() -> None:
     core = cluster(2, gpus=4)
     job, _ = running_job(core, JobSpec(gpus=2, command=["x"], max_gpus=8))
@@ -121,7 +196,7 @@ def test_scale_sets_the_target_within_min_and_max_and_checks_who_asks() -> None:
 
 
 def test_elastic_containers_and_targets_survive_an_rm_restart() -> None:
-    core = cluster(2, gpus=4)
+    core = at_once(cluster(2, gpus=4))
     job, _ = running_job(core, JobSpec(gpus=4, command=["x"], max_gpus=8))
     (grown,) = core.allocate(job, 1, 2, [Ask(gpus=4, node_id="n2", elastic=True)], [], [], 2.0).grants
     core.node_heartbeat("n2", "s2", [running(grown.container_id)], 2.1)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gpurm.rm.elastic import IDLE_HOLD_S
 from gpurm.rm.jobspec import Locality
 from gpurm.sim.clusterspec import parse_cluster
 from gpurm.sim.engine import Engine, SimOptions
@@ -31,23 +32,32 @@ def test_an_elastic_job_alone_grows_onto_idle_gpus_and_finishes_sooner() -> None
     rigid = run(TraceJob("A", 0, 4, 1000, "q", line=1))
     elastic = run(TraceJob("A", 0, 4, 1000, "q", line=1, max_gpus=8))
     assert rigid["A"].finish_s == pytest.approx(1000)
-    assert elastic["A"].finish_s == pytest.approx(500)       # 8 GPUs from the start: twice the speed
+    # 4 GPUs until the idle hold is over, then 8: twice the speed for the 700 s of work left.
+    assert elastic["A"].finish_s == pytest.approx(IDLE_HOLD_S + (1000 - IDLE_HOLD_S) / 2)
+
+
+def test_growth_waits_for_the_idle_hold_and_a_job_arriving_first_takes_nothing_back() -> None:
+    jobs = run(TraceJob("A", 0, 4, 1000, "q", line=1, max_gpus=8), TraceJob("B", 100, 4, 300, "q", line=2))
+    assert jobs["B"].start_s == pytest.approx(100) and jobs["B"].preemptions == 0
+    # B came before A's growth (idle since 0, for IDLE_HOLD_S = 300): A runs at 4 until B is gone at 400, grows
+    # 300 s later, at 700 (700 s of work done), and does the last 300 at twice the speed: done at 850.
+    assert jobs["A"].finish_s == pytest.approx(850) and jobs["A"].preemptions == 0
 
 
 def test_growth_is_taken_back_for_a_waiting_job_which_starts_at_once() -> None:
-    jobs = run(TraceJob("A", 0, 4, 1000, "q", line=1, max_gpus=8), TraceJob("B", 100, 4, 300, "q", line=2))
-    assert jobs["B"].start_s == pytest.approx(100) and jobs["B"].preemptions == 0
-    # A: 100 s at 8 GPUs (200 s of work), then 800 s at its minimum beside B, then B is gone at 400 and A grows
-    # back: 300 s more at 4 (300) leaves 500 at twice the speed from 400, done at 650.
-    assert jobs["A"].finish_s == pytest.approx(650) and jobs["A"].preemptions == 0
+    jobs = run(TraceJob("A", 0, 4, 1000, "q", line=1, max_gpus=8), TraceJob("B", 400, 4, 300, "q", line=2))
+    assert jobs["B"].start_s == pytest.approx(400) and jobs["B"].preemptions == 0
+    # A: 300 s at 4 GPUs, grows at 300, 100 s at 8 (200 s of work) until B takes the growth back at 400, then
+    # at 4 beside B: 200 s of work left at 700, when B ends, and done at 900 before the idle hold lets it regrow.
+    assert jobs["A"].finish_s == pytest.approx(900) and jobs["A"].preemptions == 0
 
 
 def test_the_scaling_curve_and_resize_cost_slow_growth_down() -> None:
     config = RuntimeConfig(sensitive_share=0.0, resize_cost_s=30.0, elastic_efficiency=0.9)
     assert elastic_speedup(config, 8, 4) == pytest.approx(1.8) and elastic_speedup(config, 4, 4) == 1.0
     jobs = run(TraceJob("A", 0, 4, 1000, "q", line=1, max_gpus=8), config=config)
-    # 4 GPUs from 0 to the growth at 0, then 30 s of resize, then 1000 s of work at 1.8x.
-    assert jobs["A"].finish_s == pytest.approx(30 + 1000 / 1.8)
+    # 4 GPUs from 0 to the growth at IDLE_HOLD_S (300 s of work), then 30 s of resize, then the 700 s left at 1.8x.
+    assert jobs["A"].finish_s == pytest.approx(IDLE_HOLD_S + 30 + (1000 - IDLE_HOLD_S) / 1.8)
 
 
 def test_make_elastic_draws_a_share_from_the_seed_and_job_id() -> None:
