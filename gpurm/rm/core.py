@@ -90,7 +90,8 @@ class RMCore:
         self.learners_live = self.index.learners_live
         self.preempting = self.index.preempting
         self.asking: dict[str, AppState] = {}     # apps with outstanding asks: what a scheduling pass looks at
-        self.elastic = ElasticBook(self.cluster)  # elastic jobs' growth asks and containers (rm/elastic.py)
+        # Elastic jobs' growth asks and containers (rm/elastic.py).
+        self.elastic = ElasticBook(self.cluster, self.settings.elastic_regrow_hold_s)
         # A full scheduling pass is due when GPUs came free or nodes / limits changed; otherwise only apps whose
         # asks changed can be granted anything, and a pass looks at those alone.
         self.pass_due = True

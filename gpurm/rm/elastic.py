@@ -48,8 +48,9 @@ REGROW_HOLD_S = 60.0
 class ElasticBook:
     """Outstanding growth asks, and the live elastic containers per node (oldest first)."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, regrow_hold_s: float = REGROW_HOLD_S) -> None:
         self.cluster = cluster
+        self.regrow_hold_s = regrow_hold_s        # rm.yaml elastic.regrow_hold
         self.growth: dict[str, Growth] = {}
         self.on_node: dict[str, dict[str, Container]] = {}
         self.shrunk_at: dict[str, float] = {}     # job id -> when growth was last taken back from it
@@ -66,7 +67,7 @@ class ElasticBook:
         self.shrunk_at.pop(job_id, None)
 
     def may_grow(self, job_id: str, now: float) -> bool:
-        return now - self.shrunk_at.get(job_id, -REGROW_HOLD_S) >= REGROW_HOLD_S
+        return now - self.shrunk_at.get(job_id, -self.regrow_hold_s) >= self.regrow_hold_s
 
     def added(self, c: Container) -> None:
         if c.elastic:

@@ -51,6 +51,7 @@ class RMSettings:
     inqueue_min_run_s: float = 300.0      # a job runs at least this long before a same-queue job may preempt it
     # las: GPU-seconds of attained service at which a job drops to the next level (rm.yaml preemption.las_thresholds)
     las_thresholds_gpu_s: tuple[float, ...] = LAS_THRESHOLDS_GPU_S
+    elastic_regrow_hold_s: float = 60.0   # an elastic job whose growth was taken back does not grow again this long
 
 
 # ---------------------------------------------------------------- effects for the shell
