@@ -155,6 +155,7 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     pre.reject_unknown()
     el = r.section("elastic")
     s.elastic_idle_hold_s = el.duration("idle_hold", s.elastic_idle_hold_s)
+    s.elastic_regrow_hold_s = el.duration("regrow_hold", s.elastic_regrow_hold_s, maximum=86400.0)
     el.reject_unknown()
     cfg.limits = read_limits(r)
     sch = r.section("scheduler")

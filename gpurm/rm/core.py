@@ -60,7 +60,7 @@ from gpurm.rm.model import (
 )
 from gpurm.rm.nodes import NodeRegistry
 from gpurm.rm.queuebook import QueueBook
-from gpurm.rm.reclaim import Reclaims
+from gpurm.rm.reclaim import RECLAIM_HOLD_S, Reclaims
 from gpurm.rm.scheduler import App, Ask, Grant, Scheduler, shaped_asks, subtract_grants
 from gpurm.rm.standing import Standings
 from gpurm.rm.stops import StopBook, StopOrder
@@ -90,7 +90,8 @@ class RMCore:
         self.learners_live = self.index.learners_live
         self.preempting = self.index.preempting
         self.asking: dict[str, AppState] = {}     # apps with outstanding asks: what a scheduling pass looks at
-        self.elastic = ElasticBook(self.cluster)  # elastic jobs' growth asks and containers (rm/elastic.py)
+        # Elastic jobs' growth asks and containers (rm/elastic.py).
+        self.elastic = ElasticBook(self.cluster, self.settings.elastic_regrow_hold_s)
         self.elastic.idle_hold_s = self.settings.elastic_idle_hold_s
         # A full scheduling pass is due when GPUs came free or nodes / limits changed; otherwise only apps whose
         # asks changed can be granted anything, and a pass looks at those alone.
@@ -261,6 +262,8 @@ class RMCore:
             self._learn_size(job, now)
         self.queues.want(job.queue, -job.spec.gpu_amount)
         self.standings.forget(job.job_id)
+        if self.inqueue.drop_holds(job.job_id):
+            self.pass_due = True             # what was held for it may go to others now
         if job.admitted:
             self.queues.activate(job.queue, -1)
         self.ams.drop(job)
@@ -508,6 +511,8 @@ class RMCore:
         if c.kind is ContainerKind.LEARNER and job_of is not None:
             self.queues.charge(job_of.queue, job_of.user, -c.amount)
         self.reclaims.ended(c, now)
+        if c.preempt_deadline and c.gpus and self.inqueue.rooms_under_way:
+            self.inqueue.freed(c.job_id, c.gpus, now + RECLAIM_HOLD_S)
         self._container_changed(c)
         self.stop_orders.ended(c.container_id)
         job = self.jobs.get(c.job_id)
@@ -725,7 +730,8 @@ class RMCore:
         if self._ranked:
             for app in apps:
                 app.standing = self.standings.standing(self.jobs[app.job_id], now)
-        grants = self.scheduler.schedule(apps, self._new_container_id, now, self.reclaims.reserved(now))
+        grants = self.scheduler.schedule(apps, self._new_container_id, now, self.reclaims.reserved(now),
+                                         self.inqueue.held_from(now) if self.inqueue.freed_for else None)
         for app in apps:
             if not app.asks:
                 self.asking.pop(app.job_id, None)
@@ -735,6 +741,8 @@ class RMCore:
             grants += self._schedule_gangs(now)
         for g in grants:
             self.reclaims.consume(self.jobs[g.job_id].queue, len(g.gpu_indices))
+            if self.inqueue.freed_for:
+                self.inqueue.granted(g.job_id, len(g.gpu_indices))
         for g in grants:
             self._record_grant(g, now)
         return grants
@@ -887,6 +895,8 @@ class RMCore:
             self.preempt(now)
             self.preempt_in_queue(now)
             self.revoke_hoarded(now)
+            if self.inqueue.freed_for and self.inqueue.expire_holds(now):
+                self.pass_due = True
         s = self.settings
         for c in list(self.live.values()):
             if not c.phase.live:

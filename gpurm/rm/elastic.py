@@ -56,8 +56,9 @@ IDLE_HOLD_S = 300.0
 class ElasticBook:
     """Outstanding growth asks, and the live elastic containers per node (oldest first)."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, regrow_hold_s: float = REGROW_HOLD_S) -> None:
         self.cluster = cluster
+        self.regrow_hold_s = regrow_hold_s        # rm.yaml elastic.regrow_hold
         self.growth: dict[str, Growth] = {}
         self.on_node: dict[str, dict[str, Container]] = {}
         self.shrunk_at: dict[str, float] = {}     # job id -> when growth was last taken back from it
@@ -77,7 +78,7 @@ class ElasticBook:
         self.shrunk_at.pop(job_id, None)
 
     def may_grow(self, job_id: str, now: float) -> bool:
-        return now - self.shrunk_at.get(job_id, -REGROW_HOLD_S) >= REGROW_HOLD_S
+        return now - self.shrunk_at.get(job_id, -self.regrow_hold_s) >= self.regrow_hold_s
 
     def note_wanted(self, wanted: bool, now: float) -> None:
         """Whether some job wants GPUs it may have, as a pass saw it."""

@@ -64,6 +64,12 @@ class InQueuePreemption:
         # preemption deadline (the grace). Such a job is not weighed again meanwhile: it still waits, and the GPUs
         # it is owed still look busy, so a look in the grace would make it a second room at the cost of more jobs.
         self.rooms_under_way: dict[str, list[str]] = {}
+        # GPUs a room's victims freed, kept from those victims until the job the room was made for is granted them,
+        # ends, or the hold runs out: job -> [(GPUs, until, victim)]. Its queue's hold (rm/reclaim.py) does not keep
+        # them from the victims, which are of that queue too: a victim's AM, asking again as soon as it stopped, won
+        # them back before the beneficiary's AM had seen them free, was preempted again, and so on while that job
+        # waited.
+        self.freed_for: dict[str, list[tuple[int, float, str]]] = {}
         self._rooms_cache: tuple[int, list[tuple[str, str, int]]] | None = None
 
     def touch(self, job: Job) -> None:
@@ -169,6 +175,54 @@ class InQueuePreemption:
                 self.rooms_under_way.setdefault(beneficiary, []).append(victim)
             out.extend(pairs)
         return out
+
+    def freed(self, victim: str, gpus: int, until: float) -> None:
+        """A container of `victim` stopped under its preemption deadline: if it was a victim of a room under way,
+        its GPUs are kept from it for the room's job until `until`."""
+        for job_id, victims in self.rooms_under_way.items():
+            if victim in victims:
+                self.freed_for.setdefault(job_id, []).append((gpus, until, victim))
+                return
+
+    def held_from(self, now: float) -> dict[str, tuple[str, int]]:
+        """The GPUs kept from each victim while its holds last: victim -> (the job they are kept for, GPUs)."""
+        out: dict[str, tuple[str, int]] = {}
+        for job_id, holds in self.freed_for.items():
+            for gpus, until, victim in holds:
+                if until > now:
+                    out[victim] = (job_id, out[victim][1] + gpus if victim in out else gpus)
+        return out
+
+    def expire_holds(self, now: float) -> bool:
+        """Drop the holds that ran out; whether any did (their GPUs may go to the victims now)."""
+        dropped = False
+        for job_id, holds in list(self.freed_for.items()):
+            left = [h for h in holds if h[1] > now]
+            if len(left) != len(holds):
+                dropped = True
+                if left:
+                    self.freed_for[job_id] = left
+                else:
+                    del self.freed_for[job_id]
+        return dropped
+
+    def drop_holds(self, job_id: str) -> bool:
+        """The job ended: nothing is kept for it any more. Whether something was."""
+        return self.freed_for.pop(job_id, None) is not None
+
+    def granted(self, job_id: str, gpus: int) -> None:
+        """The job was granted `gpus`: that much of what was kept for it is answered."""
+        held = self.freed_for.get(job_id)
+        while held and gpus > 0:
+            g, until, victim = held[0]
+            take = min(g, gpus)
+            gpus -= take
+            if take == g:
+                held.pop(0)
+            else:
+                held[0] = (g - take, until, victim)
+        if held is not None and not held:
+            del self.freed_for[job_id]
 
     def _with_rooms_under_way(self, busy: set[str]) -> set[str]:
         """`busy` (jobs under a preemption deadline) plus the waiting jobs whose room is still being made. A job

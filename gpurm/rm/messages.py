@@ -53,6 +53,7 @@ class RMSettings:
     las_thresholds_gpu_s: tuple[float, ...] = LAS_THRESHOLDS_GPU_S
     # elastic jobs grow only once no queue has wanted GPUs it may have for this long (rm.yaml elastic.idle_hold)
     elastic_idle_hold_s: float = 300.0
+    elastic_regrow_hold_s: float = 60.0   # an elastic job whose growth was taken back does not grow again this long
 
 
 # ---------------------------------------------------------------- effects for the shell

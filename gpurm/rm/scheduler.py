@@ -123,15 +123,20 @@ class Scheduler:
         self.las_thresholds = las_thresholds      # the same levels in-queue preemption ranks by (RMSettings)
         self.gittins = gittins                    # the same index table (the core's, learned from finished jobs)
         self.reserved: dict[str, int] = {}
+        self.held_from: dict[str, tuple[str, int]] = {}
         self.policy_override: Policy | None = None   # the simulator's --policy: every leaf uses it
 
     def policy_of(self, leaf: QueueDef) -> Policy:
         return self.policy_override or leaf.effective_policy
 
     def schedule(self, apps: Iterable[App], new_container_id: Callable[[str], str], now: float = 0.0,
-                 reserved: dict[str, int] | None = None) -> list[Grant]:
-        """One pass. `reserved`: GPUs freed by preemption and held for a queue, per queue."""
+                 reserved: dict[str, int] | None = None,
+                 held_from: dict[str, tuple[str, int]] | None = None) -> list[Grant]:
+        """One pass. `reserved`: GPUs freed by preemption and held for a queue, per queue; `held_from`: those of
+        them in-queue preemption freed, kept from the job they were taken from for the job they were freed for,
+        victim -> (that job, GPUs)."""
         self.reserved = dict(reserved or {})
+        self.held_from = dict(held_from or {})
         tree = self.book.tree
         capacity = self.cluster.capacity
         shares = self.book.shares(capacity)
@@ -202,6 +207,8 @@ class Scheduler:
                 gpus = len(grant.gpu_indices)
                 if self.reserved.get(path):
                     self.reserved[path] = max(0, self.reserved[path] - gpus)
+                if self.held_from:
+                    self._answered(app.job_id, gpus)
                 self.book.charge(path, app.user, grant.amount)
                 app.held_gpus += gpus
                 if self.book.used[path] >= shares.instantaneous.get(path, 0):
@@ -234,6 +241,12 @@ class Scheduler:
         if held_for_others > 0 and self.cluster.free_gpus - ask.gpus < held_for_others:
             app.blocked = "idle GPUs are held for a queue that preemption took them back for"
             return None
+        if self.held_from:
+            # Its own queue's hold does not keep GPUs from a victim of in-queue preemption (same queue): this does.
+            kept = self.held_from.get(app.job_id)
+            if kept is not None and kept[1] and self.cluster.free_gpus - ask.gpus < held_for_others + kept[1]:
+                app.blocked = f"idle GPUs it was preempted for are held for {kept[0]}"
+                return None
         if ask.share_milli:
             return self._grant_share(app, ask, leaf.effective_preemptible and used_after > steady.get(leaf.path, 0),
                                      new_id)
@@ -269,6 +282,15 @@ class Scheduler:
         if ask.count <= 0:
             app.asks.pop(0)
         return Grant(app.job_id, cid, node.node_id, [index], preemptible, ask.share_milli)
+
+
+    def _answered(self, job_id: str, gpus: int) -> None:
+        """`job_id` was granted `gpus`: that much less is kept from the victims of its room."""
+        for victim, (for_job, kept) in list(self.held_from.items()):
+            if for_job == job_id and gpus > 0:
+                take = min(kept, gpus)
+                gpus -= take
+                self.held_from[victim] = (for_job, kept - take)
 
 
 def tree_short(path: str) -> str:

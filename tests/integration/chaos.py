@@ -76,7 +76,8 @@ class ChaosReport:
                 f"{self.containers_checked} container records checked for shared GPUs; {self.wall_s:.0f}s")
 
 
-def plan_jobs(n: int, seed: int) -> list[JobPlan]:
+def plan_jobs(n: int, seed: int, sleep_s: tuple[float, float] = (2.0, 8.0)) -> list[JobPlan]:
+    """`sleep_s`: the range an `ok` job sleeps in (drawn from the same random sequence whatever it is)."""
     rng = random.Random(seed)
     plans = []
     for i in range(n):
@@ -86,20 +87,22 @@ def plan_jobs(n: int, seed: int) -> list[JobPlan]:
         elif i % 10 == 7:
             plans.append(JobPlan(i, "kill", gpus, "sleep 600", max_retries=3))
         else:
-            plans.append(JobPlan(i, "ok", gpus, f"sleep {rng.uniform(2, 8):.1f}", max_retries=3))
+            plans.append(JobPlan(i, "ok", gpus, f"sleep {rng.uniform(*sleep_s):.1f}", max_retries=3))
     return plans
 
 
 class Chaos:
     def __init__(self, workdir: Path, broker: TestBroker, jobs: int, seed: int,
-                 say: Callable[[str], None] = lambda s: None) -> None:
+                 say: Callable[[str], None] = lambda s: None, sleep_s: tuple[float, float] = (2.0, 8.0)) -> None:
         self.workdir = workdir
         self.say = say
-        self.plans = plan_jobs(jobs, seed)
+        self.plans = plan_jobs(jobs, seed, sleep_s)
         self.rng = random.Random(seed + 1)
         self.report = ChaosReport(jobs=jobs)
+        # The default allocate interval: with 50 jobs, AMs calling every 250 ms (the tests' RMProcess default) made
+        # the run three times slower on two cores.
         self.rm = RMProcess(workdir, broker, heartbeat="1s", missed_beats=5,
-                            am={"liveness_timeout": "15s"})
+                            am={"liveness_timeout": "15s", "allocate_interval": "500ms"})
         self.agents = [AgentProcess(workdir / f"agent{i}", self.rm, f"chaos-n{i}",
                                     gpus={"fake": GPUS_PER_NODE}, rack=f"rack-{i % 2}", ib_domain=f"ib-{i % 2}",
                                     containers={"stop_grace": "1s"})

@@ -22,6 +22,9 @@ from tests.conftest import TestBroker, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = (pb.JOB_SUCCEEDED, pb.JOB_FAILED, pb.JOB_KILLED)
+# AMs call allocate every 250 ms while acquiring and every second otherwise (500 ms and 2 s by default): a job's
+# end, a grant or a preemption notice reaches its AM sooner. A test's own --rm-option comes later and wins.
+TEST_RM_OPTIONS = ("--rm-option", "am.allocate_interval=250ms")
 
 
 @dataclass
@@ -43,7 +46,7 @@ class DevCluster:
         self.address = f"127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "gpurm.cli.main", "dev-cluster", "--nodes", str(nodes), "--gpus-per-node",
                 str(gpus_per_node), *(["--racks", str(racks)] if racks is not None else []), "--state-dir",
-                str(state_dir), "--port", str(self.port), "--http-port", "0", *extra]
+                str(state_dir), "--port", str(self.port), "--http-port", "0", *TEST_RM_OPTIONS, *extra]
         if broker is not None:
             args += broker.dev_cluster_args()
         state_dir.mkdir(parents=True, exist_ok=True)

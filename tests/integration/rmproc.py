@@ -99,6 +99,8 @@ class RMProcess:
         self.address = f"127.0.0.1:{self.port}"
         self.config = workdir / "rm.yaml"
         workdir.mkdir(parents=True, exist_ok=True)
+        # AMs call allocate every 250 ms (1 s while running), as on the tests' dev clusters (harness.py).
+        settings["am"] = {"allocate_interval": "250ms", **settings.get("am", {})}
         self.config.write_text(yaml.safe_dump({
             "listen": self.address, "state_dir": str(self.state_dir), "mqtt": broker.rm_config(),
             "admins": [USER], "heartbeat": {"interval": heartbeat, "missed_beats": missed_beats},

@@ -58,9 +58,11 @@ def test_an_elastic_torchrun_job_grows_shrinks_and_keeps_training(tmp_path: Path
     work = tmp_path / "work"
     work.mkdir()
     work.chmod(0o777)                # the learners run as an unprivileged user and checkpoint here
-    # Growth at once once nobody wants the GPUs (the default hold is 5 minutes).
+    # Growth at once once nobody wants the GPUs (the default hold is 5 minutes); regrow_hold: a job whose growth
+    # was taken back waits this long to grow again (1m by default; the last growth here comes right after one was
+    # taken back, and the minute was most of this test's time).
     c = DevCluster(tmp_path / "c", nodes=3, gpus_per_node=1, racks=1, broker=broker,
-                   extra=["--rm-option", "elastic.idle_hold=1s"])
+                   extra=["--rm-option", "elastic.idle_hold=1s", "--rm-option", "elastic.regrow_hold=3s"])
     try:
         job = c.submit("--gpus", "1:3", "--workdir", str(work), "--", "sh", "-c",
                        torchrun(work))

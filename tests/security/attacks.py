@@ -39,6 +39,7 @@ from gpurm.rm.brokerauth import Credentials
 from gpurm.rm.identity import AM_TOKEN_KEY, USER_KEY
 from gpurm.rm.tls import TLSConfig, load_tls
 from gpurm.rm.tokens import ClusterKeys, TokenKey, am_token, join_proof, parse_node_secret, sign_container
+from tests.integration.harness import TEST_RM_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {pb.JOB_SUCCEEDED, pb.JOB_FAILED, pb.JOB_KILLED}
@@ -593,7 +594,7 @@ def dev_cluster(tls_on: bool, nodes: int = 3, workdir: Path | None = None) -> It
     args = [sys.executable, "-m", "gpurm.cli.main", "dev-cluster", "--nodes", str(nodes), "--gpus-per-node", "4",
             "--racks", "1", "--port", str(port), "--state-dir", str(state), "--http-port", "0",
             "--rm-option", f"listen=0.0.0.0:{port}", "--rm-option", f"advertise=127.0.0.1:{port}",
-            "--rm-option", "limits.handshake_timeout=3s", *(["--tls"] if tls_on else [])]
+            "--rm-option", "limits.handshake_timeout=3s", *TEST_RM_OPTIONS, *(["--tls"] if tls_on else [])]
     with (state / "dev-cluster.log").open("wb") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     try:

@@ -33,6 +33,7 @@ def test_the_preemption_section_is_read(tmp_path: Path) -> None:
 def test_the_shipped_rm_yaml_states_the_defaults() -> None:
     s = load_rm_config(Path(__file__).resolve().parents[2] / "configs" / "rm.yaml").settings
     assert (s.inqueue_preemption, s.inqueue_min_run_s, s.las_thresholds_gpu_s) == (True, 300.0, LAS_THRESHOLDS_GPU_S)
+    assert s.elastic_regrow_hold_s == 60.0
 
 
 @pytest.mark.parametrize(("value", "problem"), [
@@ -47,3 +48,15 @@ def test_bad_las_thresholds_are_named(tmp_path: Path, value: str, problem: str) 
 def test_an_unknown_preemption_key_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"preemption\.in_queue_min"):
         load_rm_config(rm_yaml(tmp_path, "preemption: {in_queue_min: 5m}\n"))
+
+
+def test_the_elastic_regrow_hold_is_read_and_reaches_the_core(tmp_path: Path) -> None:
+    from gpurm.rm.core import RMCore
+    assert load_rm_config(rm_yaml(tmp_path, "listen: 127.0.0.1:7070\n")).settings.elastic_regrow_hold_s == 60.0
+    s = load_rm_config(rm_yaml(tmp_path, "elastic: {regrow_hold: 5s}\n")).settings
+    assert s.elastic_regrow_hold_s == 5.0
+    book = RMCore(s).elastic
+    book.shrunk_at["j"] = 100.0
+    assert not book.may_grow("j", 104.0) and book.may_grow("j", 105.0)
+    with pytest.raises(ConfigError, match="regrow_hold"):
+        load_rm_config(rm_yaml(tmp_path, "elastic: {regrow_hold: soon}\n"))

@@ -445,3 +445,37 @@ def las_core_of(servers: int, gpus: int) -> RMCore:
                                                            inqueue_min_run_s=300.0))
     core.scheduler.policy_override = Policy.LAS
     return core
+
+
+def test_gpus_in_queue_preemption_freed_wait_for_the_job_they_were_freed_for() -> None:
+    # `old` holds the whole server into LAS level 1; `w` (level 0) arrives, its AM planning (asking for nothing:
+    # it sees no free GPU). `old` is preempted for it and stops. Its AM, polling fast while it stops, asks again
+    # before w's AM has seen the GPUs free: the GPUs wait for `w` all the same, not for the job that just lost them
+    # (else it wins them back and is preempted again, over and over, while `w` waits).
+    core = las_core()
+    old = started_job(core, gpus=8)
+    (g,) = core.allocate(old, 1, 0, [Ask(gpus=8, node_id="n1")], [], [], 2.0).grants
+    core.node_heartbeat("n1", "s1", [running(g.container_id)], 10.0)
+    w = started_job(core, gpus=8, now=2100.0)
+    assert core.allocate(w, 1, 0, [], [], [], 2150.0).grants == []
+    assert core.preempt_in_queue(2200.0) == [(old, w)]
+    core.node_heartbeat("n1", "s1", [exited(g.container_id, stopped=True)], 2201.0)
+    assert core.preempt_in_queue(2201.5) == []
+    assert core.allocate(old, 1, 1, [Ask(gpus=8, node_id="n1")], [], [], 2202.0).grants == []
+    assert w in core.why_waiting(core.jobs[old])
+    (g2,) = core.allocate(w, 1, 1, [Ask(gpus=8, node_id="n1")], [], [], 2203.0).grants
+    assert g2.node_id == "n1"
+
+
+def test_gpus_held_for_a_job_go_to_others_once_it_is_gone() -> None:
+    # As above, but `w` is killed before its AM asks: the hold ends with it, and `old` gets its GPUs back.
+    core = las_core()
+    old = started_job(core, gpus=8)
+    (g,) = core.allocate(old, 1, 0, [Ask(gpus=8, node_id="n1")], [], [], 2.0).grants
+    core.node_heartbeat("n1", "s1", [running(g.container_id)], 10.0)
+    w = started_job(core, gpus=8, now=2100.0)
+    assert core.preempt_in_queue(2200.0) == [(old, w)]
+    core.node_heartbeat("n1", "s1", [exited(g.container_id, stopped=True)], 2201.0)
+    assert core.allocate(old, 1, 1, [Ask(gpus=8, node_id="n1")], [], [], 2202.0).grants == []
+    core.kill(w, "alice", "", 2203.0)
+    assert core.allocate(old, 1, 2, [Ask(gpus=8, node_id="n1")], [], [], 2204.0).grants
