@@ -83,8 +83,9 @@ def test_a_non_preemptible_queue_is_never_preempted(cluster: DevCluster) -> None
     jb = c.submit("--gpus", "8", "--queue", "team-b", *SLEEP)
     time.sleep(TIMEOUT_S + GRACE_S + 4)
     assert [c.job(j).preemptions for j in p_jobs] == [0, 0]
-    assert all(c.job(j).state == pb.JOB_RUNNING for j in p_jobs)
-    assert c.job(jb).state != pb.JOB_RUNNING
+    states = {j: (pb.JobState.Name(c.job(j).state), c.job(j).diagnostics) for j in (*p_jobs, jb)}
+    assert all(states[j][0] == "JOB_RUNNING" for j in p_jobs), states
+    assert states[jb][0] != "JOB_RUNNING", states
     for j in (*p_jobs, jb):
         c.gpurm("kill", j, "--no-wait")
 
@@ -137,7 +138,7 @@ def test_sighup_rereads_the_configured_file(cluster: DevCluster) -> None:
 
 def test_a_user_outside_the_submit_acl_is_refused(cluster: DevCluster) -> None:
     r = cluster.gpurm("submit", "--gpus", "1", "--queue", "private", "--", "true")
-    assert r.code == 2 and "may not submit to private" in r.err and "alice-only" in r.err
+    assert r.code == 5 and "may not submit to private" in r.err and "alice-only" in r.err
     assert len(r.err.strip().splitlines()) == 1
     text = cluster.gpurm("queues").out
     assert text.splitlines()[0].split()[:5] == ["QUEUE", "WEIGHT", "MIN", "MAX", "STEADY"]
