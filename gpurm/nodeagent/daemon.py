@@ -122,8 +122,8 @@ async def _run_with_gpus(cfg: AgentConfig, provider: GpuProvider, gpus: list[Gpu
     exporter: MetricsServer | None = None
     if cfg.telemetry.metrics_listen:
         try:
-            exporter = MetricsServer(AgentCollector(cfg.host, lambda: gpus, lambda: monitor.reading, monitor.tally),
-                                     cfg.telemetry.metrics_listen, cfg.tls)
+            collector = AgentCollector(cfg.host, lambda: gpus, lambda: monitor.reading, monitor.tally, cfg.node_id)
+            exporter = MetricsServer(collector, cfg.telemetry.metrics_listen, cfg.tls)
         except OSError as exc:
             log.error("agent %s: %s", cfg.node_id, exc)
             await server.stop(grace=None)

@@ -8,7 +8,8 @@ never touches NVML itself.
 
 DCGM's names: DCGM_FI_DEV_GPU_UTIL (%), DCGM_FI_DEV_FB_USED / DCGM_FI_DEV_FB_FREE (MiB), DCGM_FI_DEV_GPU_TEMP
 (C), DCGM_FI_DEV_POWER_USAGE (W), DCGM_FI_DEV_XID_ERRORS (the last XID seen), with DCGM's labels `gpu`, `UUID`,
-`modelName`, `Hostname`, plus gpurm's `gpurm_job` and `gpurm_container` for the container holding the GPU (not
+`modelName`, `Hostname`, plus gpurm's `gpurm_node` (the node id) and `gpurm_job` and `gpurm_container` for the
+container holding the GPU (not
 `job`: Prometheus keeps that label for the scrape job). gpurm's own:
 gpurm_gpu_healthy, gpurm_gpu_xid_errors_total (by XID), gpurm_gpu_ecc_events_total, gpurm_agent_containers.
 """
@@ -30,7 +31,7 @@ from gpurm.rm.tls import TLSConfig
 
 log = logging.getLogger(__name__)
 
-DCGM_LABELS = ["gpu", "UUID", "modelName", "Hostname", "gpurm_job", "gpurm_container"]
+DCGM_LABELS = ["gpu", "UUID", "modelName", "Hostname", "gpurm_node", "gpurm_job", "gpurm_container"]
 
 
 @dataclass
@@ -62,8 +63,9 @@ class GpuReading:
 
 class AgentCollector(Collector):
     def __init__(self, hostname: str, gpus: Callable[[], Sequence[GpuDevice]], reading: Callable[[], GpuReading],
-                 tally: GpuTally) -> None:
+                 tally: GpuTally, node_id: str = "") -> None:
         self.hostname = hostname
+        self.node_id = node_id or hostname
         self.gpus = gpus
         self.reading = reading
         self.tally = tally
@@ -76,7 +78,7 @@ class AgentCollector(Collector):
         def labels(index: int) -> list[str]:
             g = devices.get(index)
             cid = reading.holders.get(index, "")
-            return [str(index), g.uuid if g else "", g.model if g else "", self.hostname,
+            return [str(index), g.uuid if g else "", g.model if g else "", self.hostname, self.node_id,
                     reading.jobs.get(cid, ""), cid]
 
         gauges: dict[str, tuple[str, Callable[[GpuSample], float | None]]] = {
@@ -105,19 +107,19 @@ class AgentCollector(Collector):
         yield last
         yield healthy
         xids = CounterMetricFamily("gpurm_gpu_xid_errors", "XID errors the driver reported, by GPU and XID",
-                                   labels=["gpu", "xid", "Hostname"])
+                                   labels=["gpu", "xid", "Hostname", "gpurm_node"])
         for (index, xid), n in sorted(self.tally.xids.items()):
-            xids.add_metric([str(index), str(xid), self.hostname], n)
+            xids.add_metric([str(index), str(xid), self.hostname, self.node_id], n)
         yield xids
         ecc = CounterMetricFamily("gpurm_gpu_ecc_events", "Uncorrectable ECC events (errors, retired pages "
-                                  "pending, row remapping failures)", labels=["gpu", "Hostname"])
+                                  "pending, row remapping failures)", labels=["gpu", "Hostname", "gpurm_node"])
         for index in sorted(devices):
-            ecc.add_metric([str(index), self.hostname], self.tally.ecc.get(index, 0))
+            ecc.add_metric([str(index), self.hostname, self.node_id], self.tally.ecc.get(index, 0))
         yield ecc
         containers = GaugeMetricFamily("gpurm_agent_containers", "Containers the agent knows by state",
-                                       labels=["state", "Hostname"])
+                                       labels=["state", "Hostname", "gpurm_node"])
         for state, n in sorted(reading.containers.items()):
-            containers.add_metric([state, self.hostname], n)
+            containers.add_metric([state, self.hostname, self.node_id], n)
         yield containers
 
 

@@ -46,6 +46,8 @@ def test_prometheus_scrapes_the_agents_gpu_metrics_with_the_job_on_each_gpu(clus
                                until=lambda r: len(r) == 2)    # both GPUs of the job, on one server
         assert all(55 <= float(r["value"][1]) <= 95 for r in result), result   # the fake GPUs' busy range
         assert {r["metric"]["modelName"] for r in result} == {"H100-80GB"}
+        job_node = c.job(job_id).attempts[-1].learners[0].node_id
+        assert {r["metric"]["gpurm_node"] for r in result} == {job_node}     # the node id, not just its host
         prom.wait_for("sum(gpurm_gpu_healthy)", until=lambda r: bool(r) and float(r[0]["value"][1]) == 4.0)
         (free,) = prom.wait_for('gpurm_gpus{state="free"}')
         assert float(free["value"][1]) == 2.0 and free["metric"]["job"] == "gpurm-rm"

@@ -81,22 +81,24 @@ def test_the_agent_exports_dcgm_names_with_the_holding_job() -> None:
     reading = GpuReading([GpuSample(0, 87, 40000, 81559, 71, 618.1), GpuSample(1, None, None, None, None, None)],
                          {0: "job-4-c7"}, {"job-4-c7": "job-4"}, Counter({"RUNNING": 1}))
     registry = CollectorRegistry()
-    registry.register(AgentCollector("host-a", lambda: [gpu(0), gpu(1, healthy=False)], lambda: reading, tally))
+    registry.register(AgentCollector("host-a", lambda: [gpu(0), gpu(1, healthy=False)], lambda: reading, tally,
+                                     "node-7"))
     got = samples(generate_latest(registry))
     held = (("Hostname", "host-a"), ("UUID", "GPU-0"), ("gpu", "0"), ("gpurm_container", "job-4-c7"),
-            ("gpurm_job", "job-4"), ("modelName", "H100-80GB"))
+            ("gpurm_job", "job-4"), ("gpurm_node", "node-7"), ("modelName", "H100-80GB"))
     assert got[("DCGM_FI_DEV_GPU_UTIL", held)] == 87
     assert got[("DCGM_FI_DEV_FB_USED", held)] == 40000
     assert got[("DCGM_FI_DEV_FB_FREE", held)] == 41559
     assert got[("DCGM_FI_DEV_POWER_USAGE", held)] == 618.1
     idle = (("Hostname", "host-a"), ("UUID", "GPU-1"), ("gpu", "1"), ("gpurm_container", ""), ("gpurm_job", ""),
-            ("modelName", "H100-80GB"))
+            ("gpurm_node", "node-7"), ("modelName", "H100-80GB"))
     assert ("DCGM_FI_DEV_GPU_UTIL", idle) not in got          # a GPU that reports nothing exports nothing
     assert got[("DCGM_FI_DEV_XID_ERRORS", idle)] == 13        # the last XID seen
     assert got[("gpurm_gpu_healthy", idle)] == 0 and got[("gpurm_gpu_healthy", held)] == 1
-    assert got[("gpurm_gpu_xid_errors_total", (("Hostname", "host-a"), ("gpu", "1"), ("xid", "13")))] == 2
-    assert got[("gpurm_gpu_ecc_events_total", (("Hostname", "host-a"), ("gpu", "0")))] == 1
-    assert got[("gpurm_agent_containers", (("Hostname", "host-a"), ("state", "RUNNING")))] == 1
+    node = ("gpurm_node", "node-7")
+    assert got[("gpurm_gpu_xid_errors_total", (("Hostname", "host-a"), ("gpu", "1"), node, ("xid", "13")))] == 2
+    assert got[("gpurm_gpu_ecc_events_total", (("Hostname", "host-a"), ("gpu", "0"), node))] == 1
+    assert got[("gpurm_agent_containers", (("Hostname", "host-a"), node, ("state", "RUNNING")))] == 1
 
 
 def test_the_grafana_dashboard_queries_only_metrics_that_exist() -> None:
