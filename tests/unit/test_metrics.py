@@ -113,5 +113,7 @@ def test_the_grafana_dashboard_queries_only_metrics_that_exist() -> None:
     rm.commit_seconds.observe(0.01)
     exported = {s for text in (generate_latest(registry), rm.render())
                 for s, _ in samples(text)} | {"gpurm_gpu_xid_errors_total"}   # a counter with no XID yet
-    used = {name for e in exprs for name in re.findall(r"\b(gpurm_[a-z_]+|DCGM_FI_[A-Z_]+)\b", e)}
+    # Metric names, not the label names of `by (...)` groupings or `{label=...}` matchers.
+    bare = [re.sub(r"by \([^)]*\)|\{[^}]*\}", "", e) for e in exprs]
+    used = {name for e in bare for name in re.findall(r"\b(gpurm_[a-z_]+|DCGM_FI_[A-Z_]+)\b", e)}
     assert used and used <= exported, used - exported
