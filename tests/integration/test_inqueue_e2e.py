@@ -45,10 +45,14 @@ def test_las_preempts_a_long_job_for_a_new_one_and_the_long_one_resumes(cluster:
     short = c.submit("--gpus", "4", "--queue", "research", "--", "sh", "-c", "sleep 3")
     # The newcomer (level 0) outranks the long job (level 1) in its own queue: the long job is preempted ...
     c.wait_job(short, states=[pb.JOB_RUNNING, pb.JOB_SUCCEEDED], timeout=30)
-    job = c.job(long)
+    # The preempted attempt is counted when the long job's AM reports its end, which may come after the newcomer
+    # starts on the freed GPUs: wait for that report.
+    deadline = time.monotonic() + 30
+    while (job := c.job(long)).preemptions == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
     # Once: the GPUs it freed wait for the newcomer, though its own AM, polling fast while it stops, asks for them
     # again first (it used to win them back and be preempted again, over and over while the newcomer waited).
-    assert job.preemptions == 1 and job.failures == 0
+    assert job.preemptions == 1 and job.failures == 0, job
     assert job.attempts[0].failure == pb.FAILURE_PREEMPTED and not job.attempts[0].counts_as_failure
     assert "preempted" in c.gpurm("status", long).out
     # ... the newcomer runs to its end, and the long job resumes (same id, a new attempt) on the freed GPUs.
