@@ -65,6 +65,7 @@ from gpurm.nodeagent.records import (
     write_json_atomic,
 )
 from gpurm.proto import gpurm_pb2 as pb
+from gpurm.rm.cluster import WHOLE_MILLI
 from gpurm.rm.tls import ENV_CA, ENV_CERT, ENV_KEY, TLSConfig
 
 log = logging.getLogger(__name__)
@@ -199,7 +200,7 @@ class ContainerSupervisor:
             if not holders:
                 continue
             if not share_milli or any(not r.share_milli for r in holders) or \
-                    sum(r.share_milli for r in holders) + share_milli > 1000:
+                    sum(r.share_milli for r in holders) + share_milli > WHOLE_MILLI:
                 return g, holders[0].container_id
         return None
 

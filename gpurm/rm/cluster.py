@@ -246,9 +246,9 @@ class Cluster:
         holders = node.shared.get(index, {})
         if holder is not None and holder != SHARED:
             raise ValueError(f"GPU {index} of {node_id} is held whole by {holder}")
-        if container_id not in holders and sum(holders.values()) + milli > WHOLE_MILLI:
-            raise ValueError(f"GPU {index} of {node_id} has {WHOLE_MILLI - sum(holders.values())} thousandths free, "
-                             f"not {milli}")
+        room = node.share_room(index) if holders else WHOLE_MILLI
+        if container_id not in holders and milli > room:
+            raise ValueError(f"GPU {index} of {node_id} has {room} thousandths free, not {milli}")
         node.allocated[index] = SHARED
         node.shared[index] = {**holders, container_id: milli}
         self.shared_nodes.add(node_id)
@@ -290,8 +290,8 @@ class Cluster:
             node = self.nodes.get(nid)
             if node is None or not node.offering or (rack and node.rack != rack):
                 continue
-            for index, holders in node.shared.items():
-                room = WHOLE_MILLI - sum(holders.values())
+            for index in node.shared:
+                room = node.share_room(index)
                 gpu = node.gpus.get(index)
                 if room >= milli and gpu is not None and gpu.healthy and (best is None or room < best[0]):
                     best = (room, nid, index)
