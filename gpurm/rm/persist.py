@@ -2,12 +2,14 @@
 
 The rules (docs/security.md, "The RM's store"):
 
-- Every mutating request runs its core call, then `Persister.commit` writes what changed (one SQLite
-  transaction, synchronous=FULL) before the reply and before any effect (AM launch, stop order, MQTT publish).
+- Every mutating request runs its core call, then `Persister.commit` writes what changed (SQLite,
+  synchronous=FULL, on the writer thread, in one transaction with the other requests waiting then: group commit,
+  rm/storewriter.py) before the reply and before any effect (AM launch, stop order, MQTT publish).
 - When the write fails (a full disk, a read-only or failing device), the request fails with UNAVAILABLE and the
-  reason; it is never acknowledged. Memory is then rolled back to the disk: the core is rebuilt from the store
-  exactly as after an RM restart (`rebuild_core`), so the refused change leaves no trace, and the effects the
-  core had queued are dropped with it. Agents re-register and AMs re-sync as after any restart.
+  reason; it is never acknowledged, nor is any request of the same transaction or queued behind it. Memory is
+  then rolled back to the disk: the core is rebuilt from the store exactly as after an RM restart
+  (`rebuild_core`), so the refused change leaves no trace, and the effects the core had queued are dropped with
+  it. Agents re-register and AMs re-sync as after any restart.
 - While the store refuses writes, every mutating request fails UNAVAILABLE with the same reason before it
   changes anything (reads still work, from memory), the periodic core work pauses, and `GetClusterInfo` shows the
   error (`store_error`). The RM tries a small write every `RETRY_S` seconds and takes writes again once one
@@ -16,17 +18,17 @@ The rules (docs/security.md, "The RM's store"):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 from gpurm.queues.tree import QueueTree
-from gpurm.rm.cluster import Node
 from gpurm.rm.core import RMCore
 from gpurm.rm.messages import ErrorCode, RequestError, RMSettings
-from gpurm.rm.model import Container, Job
-from gpurm.rm.store import SqliteStore, StoreWriteError
+from gpurm.rm.store import Rows, SqliteStore, StoreWriteError, rows
+from gpurm.rm.storewriter import StoreWriter
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +41,13 @@ def write_failure(error: str, state_dir: Path) -> str:
 
 
 class Persister:
-    """Writes the core's changes, and refuses writes while the store is broken (see the module's rules)."""
+    """Writes the core's changes through the group-commit writer, and refuses writes while the store is broken
+    (see the module's rules)."""
 
     def __init__(self, store: SqliteStore, state_dir: Path, on_failure: Callable[[], None]) -> None:
         """`on_failure`: rolls memory back to the store; called once per failed write."""
         self.store = store
+        self.writer = StoreWriter(store)
         self.state_dir = state_dir
         self.on_failure = on_failure
         self.error = ""          # non-empty while writes are refused
@@ -59,34 +63,47 @@ class Persister:
         if self.error:
             raise RequestError(ErrorCode.UNAVAILABLE, self.error)
 
-    def commit(self, jobs: Iterable[Job], containers: Iterable[Container], nodes: Iterable[Node],
-               meta: dict[str, str]) -> None:
-        """Write all of it, or fail the request: RequestError(UNAVAILABLE) with the reason, memory rolled back."""
+    async def commit(self, batch: Rows) -> None:
+        """Wait until `batch` is on disk (group commit, off the event loop), or fail the request:
+        RequestError(UNAVAILABLE) with the reason, memory rolled back."""
+        if not batch:
+            return
         try:
-            self.store.save(jobs, containers, nodes, meta)
+            await asyncio.wrap_future(self.writer.commit(batch))
         except StoreWriteError as exc:
-            self.error = write_failure(str(exc), self.state_dir)
-            self.since = time.time()
-            self.failures += 1
-            log.error("%s; refusing writes until the store works again (reads still served)", self.error)
-            try:
-                self.on_failure()
-            except Exception:
-                log.exception("could not roll the RM's memory back to its store")
+            self._failed(str(exc))
             raise RequestError(ErrorCode.UNAVAILABLE, self.error) from None
 
-    def try_resume(self) -> bool:
+    def _failed(self, error: str) -> None:
+        if self.error:
+            return       # the same failure, seen by another request of its transaction: rolled back already
+        self.error = write_failure(error, self.state_dir)
+        self.since = time.time()
+        self.failures += 1
+        log.error("%s; refusing writes until the store works again (reads still served)", self.error)
+        try:
+            self.on_failure()
+        except Exception:
+            log.exception("could not roll the RM's memory back to its store")
+
+    async def try_resume(self) -> bool:
         """One small write to see whether the store works again; True (and writes taken again) if it does."""
         if not self.error:
             return True
+        self.writer.reset()
         try:
-            self.store.save([], [], [], {PROBE_KEY: repr(time.time())})
+            await asyncio.wrap_future(self.writer.commit(rows([], [], [], {PROBE_KEY: repr(time.time())})))
         except StoreWriteError as exc:
             self.error = write_failure(str(exc), self.state_dir)
             return False
         log.warning("the RM's store can be written again after %.0f s; taking writes", time.time() - self.since)
         self.error = ""
         return True
+
+    def close(self) -> None:
+        """Finish the queued writes, then close the store."""
+        self.writer.close()
+        self.store.close()
 
 
 def rebuild_core(store: SqliteStore, settings: RMSettings, tree: QueueTree, old: RMCore, now: float) -> RMCore:

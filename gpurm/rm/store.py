@@ -62,6 +62,26 @@ def recovery_hint(path: Path) -> str:
 
 
 @dataclass
+class Rows:
+    """Records serialised for the store: taken when a request ends, written later (the records change on)."""
+
+    jobs: list[tuple[str, int, str, str]] = field(default_factory=list)
+    containers: list[tuple[str, str, str, str]] = field(default_factory=list)
+    nodes: list[tuple[str, str]] = field(default_factory=list)
+    meta: list[tuple[str, str]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.jobs or self.containers or self.nodes or self.meta)
+
+
+def rows(jobs: Iterable[Job], containers: Iterable[Container], nodes: Iterable[Node], meta: dict[str, str]) -> Rows:
+    """The records as the store keeps them (JSON), frozen now."""
+    return Rows([(j.job_id, j.seq, j.state.name, json.dumps(to_dict(j))) for j in jobs],
+                [(c.container_id, c.job_id, c.phase.name, json.dumps(to_dict(c))) for c in containers],
+                [(n.node_id, json.dumps(to_dict(n))) for n in nodes], list(meta.items()))
+
+
+@dataclass
 class Snapshot:
     jobs: list[Job] = field(default_factory=list)
     containers: list[Container] = field(default_factory=list)
@@ -202,17 +222,20 @@ class SqliteStore:
              meta: dict[str, str]) -> None:
         """Commit all of it or none of it. StoreWriteError when the disk refuses (full, read-only, I/O error):
         the transaction is rolled back and the error is never masked by the rollback's own."""
+        self.write([rows(jobs, containers, nodes, meta)])
+
+    def write(self, batches: list[Rows]) -> None:
+        """Commit several requests' rows in one transaction (group commit: rm/storewriter.py), in order: a later
+        batch's version of a record wins. All or nothing, as `save`."""
         db = self._db
-        rows_jobs = [(j.job_id, j.seq, j.state.name, json.dumps(to_dict(j))) for j in jobs]
-        rows_containers = [(c.container_id, c.job_id, c.phase.name, json.dumps(to_dict(c))) for c in containers]
-        rows_nodes = [(n.node_id, json.dumps(to_dict(n))) for n in nodes]
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
-                db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?)", rows_jobs)
-                db.executemany("INSERT OR REPLACE INTO containers VALUES (?, ?, ?, ?)", rows_containers)
-                db.executemany("INSERT OR REPLACE INTO nodes VALUES (?, ?)", rows_nodes)
-                db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(meta.items()))
+                for b in batches:
+                    db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?)", b.jobs)
+                    db.executemany("INSERT OR REPLACE INTO containers VALUES (?, ?, ?, ?)", b.containers)
+                    db.executemany("INSERT OR REPLACE INTO nodes VALUES (?, ?)", b.nodes)
+                    db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", b.meta)
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:     # SQLite may have rolled back itself (e.g. on SQLITE_FULL)

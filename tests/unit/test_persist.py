@@ -12,7 +12,7 @@ from gpurm.rm.cluster import GpuRecord
 from gpurm.rm.core import ErrorCode, NodeRegistration, RequestError, RMCore, RMSettings
 from gpurm.rm.jobspec import JobSpec
 from gpurm.rm.persist import Persister, rebuild_core
-from gpurm.rm.store import SqliteStore, StoreWriteError
+from gpurm.rm.store import SqliteStore, StoreWriteError, rows
 
 
 def registered_core() -> RMCore:
@@ -22,13 +22,13 @@ def registered_core() -> RMCore:
     return core
 
 
-def commit_all(persist: Persister, core: RMCore) -> None:
+async def commit_all(persist: Persister, core: RMCore) -> None:
     dirty = core.take_dirty()
-    persist.commit([core.jobs[j] for j in dirty.jobs], [core.containers[c] for c in dirty.containers],
-                   [core.cluster.nodes[n] for n in dirty.nodes], core.meta() if dirty.meta else {})
+    await persist.commit(rows([core.jobs[j] for j in dirty.jobs], [core.containers[c] for c in dirty.containers],
+                              [core.cluster.nodes[n] for n in dirty.nodes], core.meta() if dirty.meta else {}))
 
 
-def test_a_refused_write_fails_the_request_rolls_back_and_refuses_writes_until_the_store_works(
+async def test_a_refused_write_fails_the_request_rolls_back_and_refuses_writes_until_the_store_works(
         tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "state.db")
     holder: dict[str, RMCore] = {"core": registered_core()}
@@ -39,13 +39,13 @@ def test_a_refused_write_fails_the_request_rolls_back_and_refuses_writes_until_t
     persist = Persister(store, tmp_path, roll_back)
     core = holder["core"]
     core.submit(JobSpec(gpus=1, command=["x"]), "alice", 1.0)
-    commit_all(persist, core)
+    await commit_all(persist, core)
     version_before = core.cluster.version
 
     store._db.execute("PRAGMA query_only=1")       # the disk refuses from now on
     core.submit(JobSpec(gpus=1, command=["x"]), "alice", 2.0, submit_id="s-2")
     with pytest.raises(RequestError) as refused:
-        commit_all(persist, core)
+        await commit_all(persist, core)
     assert refused.value.code is ErrorCode.UNAVAILABLE
     assert refused.value.message.startswith("the RM's store cannot be written: ")
     assert f"free space in {tmp_path}" in refused.value.message
@@ -58,14 +58,15 @@ def test_a_refused_write_fails_the_request_rolls_back_and_refuses_writes_until_t
     with pytest.raises(RequestError) as again:
         persist.check_writable()
     assert again.value.code is ErrorCode.UNAVAILABLE
-    assert not persist.try_resume()
+    assert not await persist.try_resume()
 
     store._db.execute("PRAGMA query_only=0")       # space freed
-    assert persist.try_resume() and persist.writable and persist.error == ""
+    assert await persist.try_resume() and persist.writable and persist.error == ""
     persist.check_writable()
     rebuilt.submit(JobSpec(gpus=1, command=["x"]), "alice", 3.0)
-    commit_all(persist, rebuilt)
+    await commit_all(persist, rebuilt)
     assert sorted(j.job_id for j in store.load().jobs) == ["job-1", "job-2"]
+    persist.close()
 
 
 def test_a_failed_save_raises_the_write_error_not_the_rollbacks(tmp_path: Path) -> None:

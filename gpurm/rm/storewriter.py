@@ -1,0 +1,90 @@
+"""Group commit: the RM's store writes, off the event loop.
+
+Each request serialises what it changed on the event loop (the records go on changing after it returns), hands the
+rows to `StoreWriter.commit` and awaits the future before it answers. A writer thread takes every batch queued
+while the previous transaction was on its way to the disk and commits them together in one transaction (one
+fsync), so many concurrent requests share the cost of one durable commit, and the loop keeps serving while the
+disk works.
+
+A failed transaction fails every request in it and every batch queued behind it (they may build on the failed
+changes), and the writer refuses batches from then on, until the shell has rolled its memory back to the store and
+calls `reset` (rm/persist.py): nothing after a failed write is acknowledged, and nothing half-done reaches the disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future
+
+from gpurm.rm.store import Rows, SqliteStore, StoreWriteError
+
+log = logging.getLogger(__name__)
+
+MAX_GROUP = 512       # batches per transaction: bounds one transaction's size and the wait of its first request
+
+
+class StoreWriter:
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+        self._cv = threading.Condition()
+        self._queue: list[tuple[Rows, Future[None]]] = []
+        self._error = ""            # set after a failed transaction: batches are refused until reset()
+        self._closed = False
+        self.transactions = 0       # commits done, and the batches they carried (group commit at work)
+        self.batches = 0
+        self._thread = threading.Thread(target=self._run, name="gpurm-store-writer", daemon=True)
+        self._thread.start()
+
+    def commit(self, rows: Rows) -> Future[None]:
+        """A future that completes once `rows` are on disk, or fails with StoreWriteError."""
+        fut: Future[None] = Future()
+        with self._cv:
+            if self._error or self._closed:
+                fut.set_exception(StoreWriteError(self._error or "the store is closed"))
+                return fut
+            self._queue.append((rows, fut))
+            self._cv.notify()
+        return fut
+
+    def reset(self) -> None:
+        """Take batches again (the shell rolled memory back to what the store holds)."""
+        with self._cv:
+            self._error = ""
+
+    def close(self) -> None:
+        """Finish what is queued, then stop the thread."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                group, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
+            try:
+                self.store.write([rows for rows, _ in group])
+            except StoreWriteError as exc:
+                self._fail(group, exc)
+                continue
+            except BaseException as exc:       # never leave a request waiting forever
+                self._fail(group, StoreWriteError(f"{type(exc).__name__}: {exc}"))
+                continue
+            self.transactions += 1
+            self.batches += len(group)
+            for _, fut in group:
+                fut.set_result(None)
+
+    def _fail(self, group: list[tuple[Rows, Future[None]]], exc: StoreWriteError) -> None:
+        with self._cv:
+            self._error = str(exc) or "write failed"
+            behind, self._queue = self._queue, []
+        log.error("store write failed (%s): %d requests in the transaction and %d behind it fail", exc,
+                  len(group), len(behind))
+        for _, fut in group + behind:
+            fut.set_exception(StoreWriteError(str(exc)))
