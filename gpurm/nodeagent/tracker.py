@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import logging
+import random
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
@@ -57,6 +58,7 @@ class Registration:
     interval_s: float
     token_key: TokenKey | None   # signs this node's container tokens (None: the RM gave none, the agent has none)
     mqtt_url: str
+    resync_spread_s: float = 0.0  # after losing the RM, wait up to this (at random) before registering again
 
 
 @dataclass
@@ -131,6 +133,10 @@ class Tracker:
                     raise RMUnreachable(f"the RM at {self.cfg.rm} has been unreachable for "
                                         f"{self._outage.elapsed(now):.0f}s (rm_retry.give_up_after)") from exc
                 delay = self._backoff.next()
+                if self.registered.is_set() and self.registration is not None:
+                    # A session just broke (most often: the RM restarted). Every agent of the fleet saw it at
+                    # once: come back at a random point of the spread the RM asked for, not all together.
+                    delay = max(delay, random.uniform(0, self.registration.resync_spread_s))
                 await asyncio.sleep(delay if left is None else min(delay, left))
             finally:
                 self.registered.clear()
@@ -191,6 +197,7 @@ class Tracker:
             token_key=(TokenKey(reply.token_key_id, bytes(reply.token_key)) if reply.token_key
                        else self.cfg.node_secret),
             mqtt_url=self.cfg.mqtt_advertise or reply.mqtt_url,
+            resync_spread_s=reply.resync_spread_ms / 1000,
         )
         self.registration = reg
         self.registrations += 1

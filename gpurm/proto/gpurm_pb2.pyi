@@ -520,7 +520,7 @@ class RegisterNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., agent_port: _Optional[int] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., agent_version: _Optional[str] = ..., agent_instance: _Optional[str] = ..., healthy: _Optional[bool] = ..., health_report: _Optional[str] = ..., join_time_ms: _Optional[int] = ..., join_proof: _Optional[bytes] = ..., metrics_port: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
-    __slots__ = ("session", "heartbeat_interval_ms", "token_key", "token_key_id", "mqtt_url", "stop_containers", "mqtt_username", "mqtt_password", "epoch")
+    __slots__ = ("session", "heartbeat_interval_ms", "token_key", "token_key_id", "mqtt_url", "stop_containers", "mqtt_username", "mqtt_password", "epoch", "resync_spread_ms")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -530,6 +530,7 @@ class RegisterNodeResponse(_message.Message):
     MQTT_USERNAME_FIELD_NUMBER: _ClassVar[int]
     MQTT_PASSWORD_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RESYNC_SPREAD_MS_FIELD_NUMBER: _ClassVar[int]
     session: str
     heartbeat_interval_ms: int
     token_key: bytes
@@ -539,7 +540,8 @@ class RegisterNodeResponse(_message.Message):
     mqtt_username: str
     mqtt_password: str
     epoch: int
-    def __init__(self, session: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., token_key: _Optional[bytes] = ..., token_key_id: _Optional[int] = ..., mqtt_url: _Optional[str] = ..., stop_containers: _Optional[_Iterable[str]] = ..., mqtt_username: _Optional[str] = ..., mqtt_password: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+    resync_spread_ms: int
+    def __init__(self, session: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., token_key: _Optional[bytes] = ..., token_key_id: _Optional[int] = ..., mqtt_url: _Optional[str] = ..., stop_containers: _Optional[_Iterable[str]] = ..., mqtt_username: _Optional[str] = ..., mqtt_password: _Optional[str] = ..., epoch: _Optional[int] = ..., resync_spread_ms: _Optional[int] = ...) -> None: ...
 
 class NodeHeartbeat(_message.Message):
     __slots__ = ("node_id", "session", "seq", "containers", "gpu_health", "healthy", "health_report", "usage", "telemetry")

@@ -1,9 +1,10 @@
 """AM launching: which unfinished jobs want an AM, which have one, and where the next AMs go.
 
 Jobs without a running AM wait per queue in launch order (restarts first, then submit order); `launch` starts
-AMs on the least loaded reachable nodes within the cluster-wide and per-queue acquisition caps and the queues'
-`max_running_jobs`, touching only the jobs it starts (plus one per queue that cannot start). Starting one (the
-container, the job's records, the effect for the shell) is the core's: it is handed back through `start`.
+AMs on reachable nodes that run none (a cursor goes round the nodes), else on the least loaded ones, within the
+cluster-wide and per-queue acquisition caps and the queues' `max_running_jobs`, touching only the jobs it starts
+(plus one per queue that cannot start). Starting one (the container, the job's records, the effect for the shell)
+is the core's: it is handed back through `start`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ class AMLauncher:
         self.needs_am: dict[str, SortedKeys[tuple[int, int, str]]] = {}
         self.with_am: dict[str, None] = {}        # unfinished jobs whose AM container lives (ordered: determinism)
         self.with_am_by_queue: dict[str, dict[str, None]] = {}   # the same, per queue
+        self._ring: list[str] = []     # node ids in a fixed order, and a cursor going round them
+        self._at = 0
+        self._scanned = 0              # nodes the current launch call has looked at
 
     def up(self, job: Job) -> None:
         """The job's AM container lives."""
@@ -74,16 +78,13 @@ class AMLauncher:
         only the jobs it starts (plus one per queue that cannot start)."""
         if not any(self.needs_am.values()):
             return
-        nodes = [n for n in self.cluster.nodes.values() if n.offering and n.unreachable_since is None]
-        if not nodes:
-            return
+        self._scanned = 0
+        by_load: list[tuple[int, str]] | None = None       # built only once no node is free of AMs
         # Counting the acquiring jobs walks every job with an AM; skip it when no limit can bind this call.
         waiting = sum(len(e) for e in self.needs_am.values())
         bound = len(self.with_am) + waiting
         limited = bound >= self.max_active or bound >= self.max_acquiring_per_queue
         active, acquiring = self.counts() if limited else (0, {})
-        by_load = [(len(self.live_ams.get(n.node_id, ())), n.node_id) for n in nodes]   # a heap: least loaded first
-        heapq.heapify(by_load)
         heads = [(entries.first(), queue) for queue, entries in self.needs_am.items() if entries]
         heapq.heapify(heads)
         while heads:
@@ -98,12 +99,42 @@ class AMLauncher:
                     continue      # this queue is full: its later jobs wait too
                 active += 1
                 acquiring[queue] = acquiring.get(queue, 0) + 1
+            node_id = self._node_without_am() if by_load is None else None
+            if node_id is None:
+                if by_load is None:
+                    by_load = self._by_load()
+                if not by_load:
+                    return
+                count, node_id = by_load[0]
+                heapq.heapreplace(by_load, (count + 1, node_id))
             entries.pop_first()
-            count, node_id = by_load[0]
-            heapq.heapreplace(by_load, (count + 1, node_id))
             self.start(job, node_id, now)
             if entries:
                 heapq.heappush(heads, (entries.first(), queue))
+
+    def _node_without_am(self) -> str | None:
+        """A reachable node offering work that runs no AM, found by a cursor going round the nodes, so that a
+        launch costs O(1) while most nodes run none (the common case on a big cluster), not a scan of the fleet.
+        None once a launch call has looked at every node."""
+        if len(self._ring) != len(self.cluster.nodes):
+            self._ring = list(self.cluster.nodes)
+            self._at = 0
+        while self._scanned < len(self._ring):
+            node_id = self._ring[self._at]
+            self._at = (self._at + 1) % len(self._ring)
+            self._scanned += 1
+            node = self.cluster.nodes.get(node_id)
+            if node is not None and node.offering and node.unreachable_since is None \
+                    and not self.live_ams.get(node_id):
+                return node_id
+        return None
+
+    def _by_load(self) -> list[tuple[int, str]]:
+        """Every usable node as a heap of (AMs it runs, node id): least loaded first."""
+        by_load = [(len(self.live_ams.get(n.node_id, ())), n.node_id) for n in self.cluster.nodes.values()
+                   if n.offering and n.unreachable_since is None]
+        heapq.heapify(by_load)
+        return by_load
 
     def queued_reason(self, job: Job) -> str:
         """Why a job has no AM yet (computed when asked, so a long backlog costs nothing while it waits)."""

@@ -129,6 +129,7 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     hb = r.section("heartbeat")
     s.heartbeat_interval_s = hb.duration("interval", s.heartbeat_interval_s)
     s.missed_beats = hb.integer("missed_beats", s.missed_beats, minimum=1)
+    s.resync_grace_s = hb.duration("resync_grace", s.resync_grace_s)
     hb.reject_unknown()
     c = r.section("containers")
     s.container_start_timeout_s = c.duration("start_timeout", s.container_start_timeout_s)

@@ -1,6 +1,6 @@
 """The RM's container records and the indexes over them: all containers, each job's (oldest first), the live
-ones (overall, per job, per node for AMs), learner grants not yet seen running, live learners per job, and live
-containers under a preemption deadline.
+ones (overall, per job, per node, and AMs per node), learner grants not yet seen running, live learners per job,
+and live containers under a preemption deadline.
 
 Every change to a live container goes through `index_live` / `unindex_live`, which keep all the indexes in step
 and tell the core (`runs_changed`: job id) that a job's learners came, started or went. The records themselves
@@ -23,6 +23,8 @@ class ContainerIndex:
         self.live_by_job: dict[str, dict[str, Container]] = {}   # the same, per job
         self.unstarted: dict[str, None] = {}      # learner grants not yet seen running
         self.live_ams: dict[str, dict[str, None]] = {}  # node -> its live AM containers
+        self.live_by_node: dict[str, dict[str, Container]] = {}  # node -> its live containers (a node's
+        # registration or loss touches only its own)
         self.learners_live: dict[str, int] = {}   # job id -> how many live learner containers it has (if any)
         self.preempting: dict[str, None] = {}     # live containers under a preemption deadline
 
@@ -49,6 +51,7 @@ class ContainerIndex:
             self.learners_live[c.job_id] = self.learners_live.get(c.job_id, 0) + 1
         self.live[c.container_id] = c
         self.live_by_job.setdefault(c.job_id, {})[c.container_id] = c
+        self.live_by_node.setdefault(c.node_id, {})[c.container_id] = c
         if c.preempt_deadline:
             self.preempting[c.container_id] = None
         if c.kind is ContainerKind.LEARNER and c.phase is ContainerPhase.ALLOCATED:
@@ -74,11 +77,20 @@ class ContainerIndex:
             mine.pop(c.container_id, None)
             if not mine:
                 del self.live_by_job[c.job_id]
+        here = self.live_by_node.get(c.node_id)
+        if here is not None:
+            here.pop(c.container_id, None)
+            if not here:
+                del self.live_by_node[c.node_id]
 
     def of_job(self, job_id: str, live_only: bool = True) -> list[Container]:
         if live_only:
             return list(self.live_by_job.get(job_id, {}).values())
         return [self.containers[cid] for cid in self.by_job.get(job_id, ())]
+
+    def on_node(self, node_id: str) -> list[Container]:
+        """The live containers on a node (a copy: callers end some of them as they go)."""
+        return list(self.live_by_node.get(node_id, {}).values())
 
     def live_count(self, job_id: str) -> int:
         return len(self.live_by_job.get(job_id, ()))

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Iterable
 
 from gpurm.queues.tree import QueueTree, default_tree
-from gpurm.rm import admission, attempts, preemption, priority, recovery, views
+from gpurm.rm import admission, attempts, preemption, priority, recovery, resync, views
 from gpurm.rm.amlaunch import AMLauncher
 from gpurm.rm.cluster import Cluster, Node, pick_gpus
 from gpurm.rm.containers import ContainerIndex
@@ -109,7 +109,11 @@ class RMCore:
         self.stop_orders = StopBook()       # stop orders for the agents' streams
         self.next_container_seq = 1
         self.recovered_at = 0.0     # when this RM (re)started: AMs and grants older than that get a fresh clock
+        self.resync_until = 0.0     # until then, nodes known from the store may still come back (rm/resync.py)
         self.dirty = Dirty()
+        # Since this RM started (Prometheus counters; rm_scale counts false losses with them).
+        self.lost_nodes = 0
+        self.lost_containers = 0
         # Which jobs want an AM or have one, and where the next AMs go.
         # Nodes: registration, heartbeats, health, expiry, loss, draining.
         self.nodes = NodeRegistry(self.cluster, self._node_changed, self._launch_ams)
@@ -391,22 +395,22 @@ class RMCore:
 
     def register_node(self, reg: NodeRegistration, session: str, now: float) -> list[StopOrder]:
         """Add or re-add a node; reconcile what it runs with the RM's records. Returns containers to stop."""
-        node = self.nodes.admit(reg, session, now, self.live.values())
+        node = self.nodes.admit(reg, session, now, self.index.on_node(reg.node_id))
         stops: list[StopOrder] = []
         reported = {r.container_id for r in reg.containers}
         for r in reg.containers:
             stop = self._apply_report(node, r, now)
             if stop is not None:
                 stops.append(stop)
-        for c in list(self.live.values()):
-            if c.node_id != reg.node_id or c.container_id in reported:
+        for c in self.index.on_node(reg.node_id):
+            if c.container_id in reported:
                 continue
             if c.phase is ContainerPhase.RUNNING or c.started:
                 self._complete(c, ExitStatus(ExitKind.LOST, diagnostics=f"agent on {reg.node_id} restarted "
                                              "without it", infra=True), now)
         self.stop_orders.drop_node(reg.node_id)
-        for c in self.live.values():
-            if c.node_id == reg.node_id and c.stop_requested:
+        for c in self.index.on_node(reg.node_id):
+            if c.stop_requested:
                 stops.append(StopOrder(c.node_id, c.container_id, self.settings.kill_grace_s, c.stop_reason))
         log.info("node %s registered (%s:%d, rack %s, %d GPUs, %d containers)", reg.node_id, reg.host, reg.port,
                  node.rack, len(node.gpus), len(reg.containers))
@@ -478,18 +482,21 @@ class RMCore:
             self.dirty.jobs.add(job.job_id)
 
     def expire_nodes(self, now: float) -> list[str]:
-        lost = self.nodes.late(now, self.settings.heartbeat_interval_s * self.settings.missed_beats)
+        # After a restart, a node the store knew has until `resync_until` to register again (rm/resync.py):
+        # a big fleet's agents come back over a spread, and none of them is lost for being in its tail.
+        lost = self.nodes.late(now, self.settings.heartbeat_interval_s * self.settings.missed_beats,
+                               now < self.resync_until)
         for node_id in lost:
             self.mark_node_lost(node_id, f"missed {self.settings.missed_beats} heartbeats", now)
         return lost
 
     def mark_node_lost(self, node_id: str, why: str, now: float) -> None:
         self.nodes.lose(node_id, why)
+        self.lost_nodes += 1
         self.stop_orders.drop_node(node_id)
-        for c in list(self.live.values()):
-            if c.node_id == node_id:
-                self._complete(c, ExitStatus(ExitKind.LOST, diagnostics=f"node {node_id} lost ({why})",
-                                             infra=True), now)
+        for c in self.index.on_node(node_id):
+            self._complete(c, ExitStatus(ExitKind.LOST, diagnostics=f"node {node_id} lost ({why})", infra=True),
+                           now)
 
     def drain(self, node_id: str, undrain: bool, now: float) -> Node:
         return self.nodes.drain(node_id, undrain)
@@ -502,6 +509,8 @@ class RMCore:
         c.phase = ContainerPhase.COMPLETED
         c.finished = now
         c.exit = exit_status
+        if exit_status.kind is ExitKind.LOST:
+            self.lost_containers += 1
         self.index.unindex_live(c)
         if c.gpus:
             self.pass_due = True
@@ -1037,6 +1046,8 @@ class RMCore:
         """Load records written by an earlier RM. Nodes come back as they were last seen and have a full
         expiry period to re-register; AMs and grants get a fresh clock from `now`."""
         self.recovered_at = now
+        nodes = list(nodes)
+        self.resync_until = now + resync.grace_s(self.settings, len(nodes))
         recovery.load(jobs, containers, nodes, now, self.jobs, self.submit_ids, self.index, self.cluster)
         for c in self.live.values():
             self.elastic.added(c)

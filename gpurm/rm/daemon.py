@@ -1,6 +1,6 @@
 """The RM daemon: the asyncio shell around RMCore. It owns the clock, the sockets, the store and the broker.
 
-After every core call (`with shell.mutation():`) it writes what changed to the store, then carries out the
+After every core call (`async with shell.mutation():`) it writes what changed to the store, then carries out the
 core's effects: launching AMs on agents, pushing stop orders down the agents' heartbeat streams and publishing
 job events and the cluster view over MQTT. Replies go out only after the store commit.
 
@@ -23,7 +23,8 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +49,10 @@ from gpurm.rm.netcheck import listen_problem
 from gpurm.rm.persist import RETRY_S, Persister, rebuild_core
 from gpurm.rm.service import AdminService, AMService, ClientService, DecodeGuard, TrackerService
 from gpurm.rm.statedir import StateDirBusy, StateDirLock, rotate_backup
-from gpurm.rm.store import SqliteStore, StoreDamaged, StoreWriteError
+from gpurm.rm.store import SqliteStore, StoreDamaged, StoreWriteError, rows
 from gpurm.rm.telemetrybook import TelemetryBook
 from gpurm.rm.tokens import ClusterKeys, write_secret_file
+from gpurm.rm.viewcache import ViewCache
 from gpurm.rm.views import log_container
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,13 @@ def bump_epoch(path: Path) -> int:
     epoch = last + 1
     write_secret_file(path, str(epoch))     # 0600, fsynced, replaced atomically (not secret, but private)
     return epoch
+
+
+@dataclass
+class Mutation:
+    """What a request writes besides the core's changed records (e.g. the queue config it applied)."""
+
+    meta: dict[str, str] = field(default_factory=dict)
 
 
 class RMShell:
@@ -112,50 +121,58 @@ class RMShell:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._view_dirty = asyncio.Event()
+        self.views = ViewCache()
         self._groups: dict[str, tuple[float, list[str]]] = {}
         self._last_pass = 0.0
         self._pass_pending = False
 
     # ------------------------------------------------------------ persistence and effects
 
-    @contextlib.contextmanager
-    def mutation(self) -> Iterator[None]:
-        """Run a core call, then persist its changes and carry out its effects before the caller replies.
-        While the store refuses writes: RequestError(UNAVAILABLE) before anything changes (rm/persist.py)."""
+    @contextlib.asynccontextmanager
+    async def mutation(self) -> AsyncIterator[Mutation]:
+        """Run a core call (the body: no awaits in it), then persist its changes and carry out its effects before
+        the caller replies. While the store refuses writes: RequestError(UNAVAILABLE) before anything changes
+        (rm/persist.py)."""
         self.persist.check_writable()
+        m = Mutation()
         try:
-            yield
+            yield m
         finally:
-            self.flush()
+            await self.flush(m)
 
-    def flush(self) -> None:
-        """Write what changed, then carry out the core's effects; nothing is carried out unless written. A failed
-        write rolls memory back to the store and raises RequestError(UNAVAILABLE)."""
+    async def flush(self, m: Mutation | None = None) -> None:
+        """Write what changed, then carry out the core's effects; nothing is carried out unless written. What is
+        written and done is taken now, before the commit's wait, so it is exactly this request's (and any
+        background change before it). A failed write rolls memory back to the store and raises
+        RequestError(UNAVAILABLE)."""
         if not self.persist.writable:
             return
         core = self.core
         dirty = core.take_dirty()
-        if dirty:
-            with self.metrics.commit_seconds.time():
-                self.persist.commit(
-                    [core.jobs[j] for j in dirty.jobs if j in core.jobs],
-                    [core.containers[c] for c in dirty.containers if c in core.containers],
-                    [core.cluster.nodes[n] for n in dirty.nodes if n in core.cluster.nodes],
-                    core.meta() if dirty.meta else {})
-        for effect in core.take_outbox():
+        batch = rows([core.jobs[j] for j in dirty.jobs if j in core.jobs],
+                     [core.containers[c] for c in dirty.containers if c in core.containers],
+                     [core.cluster.nodes[n] for n in dirty.nodes if n in core.cluster.nodes],
+                     {**(core.meta() if dirty.meta else {}), **(m.meta if m is not None else {})})
+        effects = core.take_outbox()
+        now = time.time()
+        stops = {node_id: core.take_stops(node_id, now) for node_id in core.nodes_with_stops()
+                 if node_id in self.streams}
+        if batch:
+            began = time.perf_counter()
+            await self.persist.commit(batch)
+            self.metrics.commit_seconds.observe(time.perf_counter() - began)
+        for effect in effects:
             if isinstance(effect, LaunchAM):
                 self._spawn(self._launch_am(effect))
             elif isinstance(effect, JobChanged):
                 self._publish_job(effect.job_id)
-        now = time.time()
-        for node_id in core.nodes_with_stops():
+        for node_id, orders in stops.items():
             stream = self.streams.get(node_id)
-            if stream is not None:
-                orders = core.take_stops(node_id, now)
+            if stream is not None and orders:
                 stream.put_nowait(pb.HeartbeatResponse(stop=[
                     pb.StopOrder(container_id=o.container_id, grace_ms=round(o.grace_s * 1000), reason=o.reason)
                     for o in orders]))
-        if core.cluster.changed:
+        if self.core.cluster.changed:
             self._view_dirty.set()
 
     def _roll_back(self) -> None:
@@ -175,7 +192,7 @@ class RMShell:
                 if self._stale:
                     self._roll_back()
                 if not self._stale:
-                    self.persist.try_resume()
+                    await self.persist.try_resume()
             except Exception as exc:   # a store that cannot even be read: keep refusing writes, keep trying
                 log.warning("the store still cannot be used: %s", exc)
 
@@ -277,7 +294,7 @@ class RMShell:
         if failure:
             log.warning("could not start AM %s: %s", c.container_id, failure)
             try:
-                with self.mutation():
+                async with self.mutation():
                     self.core.am_launch_failed(c.container_id, failure, time.time(), agent_unreachable=unreachable,
                                                job_fault=job_fault)
             except RequestError as exc:   # the store refuses writes: the AM's start timeout catches it later
@@ -311,7 +328,8 @@ class RMShell:
     async def _publish_view_loop(self) -> None:
         """Deltas (only the changed nodes, each whole) as the cluster changes, at most every
         `view_publish_interval`; a retained full snapshot every `view_snapshot_interval` when anything changed,
-        so a new subscriber starts from a recent snapshot and follows the deltas."""
+        so a new subscriber starts from a recent snapshot and follows the deltas. Both are cut from the view
+        cache: each node is encoded once per change (rm/viewcache.py)."""
         published = 0                 # version of the last view sent (delta or snapshot)
         snapshot_at = 0.0
         snapshot_version = -1
@@ -319,20 +337,18 @@ class RMShell:
             await self._view_dirty.wait()
             self._view_dirty.clear()
             if self.publisher is not None:
-                version = self.core.cluster.version
-                changed = self.core.cluster.take_changed()
-                nodes = [self.core.cluster.nodes[n] for n in sorted(changed) if n in self.core.cluster.nodes]
-                if nodes:
-                    delta = pb.ClusterView(version=version, time_ms=convert.ms(time.time()), base_version=published,
-                                           epoch=self.epoch,
-                                           delta=True,
-                                           nodes=[convert.node_view_to_pb(n, self.core.elastic.reclaimable(n.node_id))
-                                                  for n in nodes])
-                    self.publisher.publish(mqtt.TOPIC_VIEW_DELTA, delta.SerializeToString())
+                core = self.core
+                version = core.cluster.version
+                changed = self.views.take_delta(core)
+                if changed:
+                    header = pb.ClusterView(version=version, time_ms=convert.ms(time.time()),
+                                            base_version=published, epoch=self.epoch, delta=True)
+                    self.publisher.publish(mqtt.TOPIC_VIEW_DELTA,
+                                           header.SerializeToString() + self.views.entries(changed))
                     published = version
                 due = time.monotonic() - snapshot_at >= self.config.view_snapshot_interval_s
                 if version != snapshot_version and due:
-                    self.publisher.publish_retained(mqtt.TOPIC_VIEW, self.view_pb().SerializeToString())
+                    self.publisher.publish_retained(mqtt.TOPIC_VIEW, self.view_bytes())
                     snapshot_at, snapshot_version = time.monotonic(), version
                     published = max(published, version)
                 elif version != snapshot_version:
@@ -341,8 +357,12 @@ class RMShell:
 
     # ------------------------------------------------------------ views
 
+    def view_bytes(self) -> bytes:
+        """The full cluster view, encoded (shared by every reader of this view version)."""
+        return self.views.full(self.core, self.epoch, time.time())
+
     def view_pb(self) -> pb.ClusterView:
-        return pbviews.cluster_view(self.core, self.epoch, time.time())
+        return pb.ClusterView.FromString(self.view_bytes())
 
     def job_pb(self, job: Job, full: bool = True, preemptible_jobs: set[str] | None = None,
                private: bool = True) -> pb.Job:
@@ -426,12 +446,13 @@ class RMShell:
         except ConfigError as exc:
             log.warning("queue config rejected (%d problems); the old one stays", len(exc.problems))
             return pb.RefreshQueuesResponse(applied=False, errors=exc.problems)
-        with self.mutation():
+        async with self.mutation() as m:
             problems = self.core.replace_tree(tree)
             if not problems:
-                self.persist.commit([], [], [], {"queues_yaml": text})
-                self.committed_tree = tree
+                m.meta["queues_yaml"] = text
                 self.core.schedule(time.time())
+        if not problems:
+            self.committed_tree = tree      # written: a later rollback keeps it
         if problems:
             log.warning("queue config rejected: %s", "; ".join(problems))
             return pb.RefreshQueuesResponse(applied=False, errors=problems)
@@ -474,10 +495,11 @@ class RMShell:
             if self._pass_pending and self.persist.writable:
                 self._pass_pending = False
                 self._last_pass = time.monotonic()
-                with contextlib.suppress(RequestError), self.mutation():   # a failed write: logged already
-                    began = time.perf_counter()
-                    self.core.schedule(time.time())
-                    self.metrics.schedule_seconds.observe(time.perf_counter() - began)
+                with contextlib.suppress(RequestError):   # a failed write: logged already
+                    async with self.mutation():
+                        began = time.perf_counter()
+                        self.core.schedule(time.time())
+                        self.metrics.schedule_seconds.observe(time.perf_counter() - began)
 
     def new_session(self) -> str:
         return uuid.uuid4().hex
@@ -513,7 +535,7 @@ class RMShell:
             if not self.persist.writable:
                 continue       # the store refuses writes: the periodic work waits for it
             try:
-                with self.mutation():
+                async with self.mutation():
                     self.core.tick(time.time())
                 self._forget_tokens()
             except RequestError:
@@ -570,7 +592,7 @@ class RMShell:
         log.info("RM serving on %s:%d%s (MQTT %s); restart to serving took %.0f ms; %d jobs (%d live), %d nodes "
                  "known", host, bound, " with mTLS" if self.config.tls else "", self.mqtt_url,
                  (time.monotonic() - t0) * 1000, len(self.core.jobs), live, len(self.core.cluster.nodes))
-        with self.mutation():
+        async with self.mutation():
             for job in self.core.jobs.values():
                 self._publish_job(job.job_id)
         self._view_dirty.set()
@@ -594,7 +616,7 @@ class RMShell:
             await self.publisher.stop()
             if self.broker is not None:
                 await self.broker.stop()
-            self.store.close()
+            await asyncio.to_thread(self.persist.close)
 
     async def _start_http(self) -> Any:
         """The web UI and REST API in this event loop (rm.yaml `http:`); None when turned off."""

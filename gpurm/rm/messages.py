@@ -36,6 +36,8 @@ class RequestError(Exception):
 class RMSettings:
     heartbeat_interval_s: float = 1.0
     missed_beats: int = 5                 # a node is LOST after this many intervals without a beat
+    resync_grace_s: float = 0.0           # after an RM restart, nodes have this long to register again (0: auto,
+                                          # see rm/resync.py)
     container_start_timeout_s: float = 120.0  # a grant must be seen running within this, or it is reclaimed
     am_register_timeout_s: float = 60.0   # a launched AM must register within this
     am_liveness_timeout_s: float = 60.0   # a registered AM must call allocate at least this often

@@ -69,6 +69,10 @@ class RecordsCollector(Collector):
         for state in NodeState:
             nodes.add_metric([state.name], by_state.get(state.name, 0))
         yield nodes
+        yield CounterMetricFamily("gpurm_nodes_lost", "Nodes declared LOST since this RM started",
+                                  value=core.lost_nodes)
+        yield CounterMetricFamily("gpurm_containers_lost", "Containers ended as LOST (their node or agent lost "
+                                  "them) since this RM started", value=core.lost_containers)
         yield from self._jobs(core)
         yield from self._queues(core)
 

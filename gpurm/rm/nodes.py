@@ -76,11 +76,12 @@ class NodeRegistry:
             self.node_changed(node_id)
         return node
 
-    def late(self, now: float, limit_s: float) -> list[str]:
-        """Nodes not heard from for longer than `limit_s` (lost and decommissioned ones aside)."""
+    def late(self, now: float, limit_s: float, resyncing: bool = False) -> list[str]:
+        """Nodes not heard from for longer than `limit_s` (lost and decommissioned ones aside). `resyncing`: an
+        RM restart's grace is on, and nodes that have not registered since (no session) are spared."""
         return [node.node_id for node in self.cluster.nodes.values()
                 if node.state not in (NodeState.LOST, NodeState.DECOMMISSIONED)
-                and now - node.last_heartbeat > limit_s]
+                and now - node.last_heartbeat > limit_s and not (resyncing and not node.session)]
 
     def lose(self, node_id: str, why: str) -> None:
         """The node is LOST: its session ends; it must register again."""

@@ -17,13 +17,14 @@ from google.protobuf.message import DecodeError
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.fields import ConfigError
-from gpurm.rm import accounting, convert, tls
+from gpurm.rm import accounting, convert, resync, tls
 from gpurm.rm.identity import AM_TOKEN_KEY, USER_KEY, Caller, CallerKind, identify, metadata
 from gpurm.rm.jobspec import spec_from_proto
 from gpurm.rm.messages import ErrorCode, HeartbeatAction, RequestError
 from gpurm.rm.model import Job
 from gpurm.rm.retry import ANSWERED
 from gpurm.rm.tokens import check_am_token
+from gpurm.rm.viewcache import length_delimited
 
 if TYPE_CHECKING:
     from gpurm.rm.daemon import RMShell
@@ -123,7 +124,8 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
                     await refuse(context, exc)
                 return await unary(request, context)
 
-            return handler._replace(request_deserializer=None, unary_unary=parsed_unary)
+            return handler._replace(request_deserializer=None, unary_unary=parsed_unary,
+                                    response_serializer=_pass_bytes(handler.response_serializer))
         if handler.stream_stream is not None:
             stream = handler.stream_stream
 
@@ -141,6 +143,19 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
 
             return handler._replace(request_deserializer=None, stream_stream=parsed_stream)
         return handler
+
+
+def _pass_bytes(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
+    """A response serializer that sends a reply already encoded (bytes) as it is: the shared, once-encoded
+    cluster view goes out without being parsed and encoded again per request (rm/viewcache.py)."""
+    if serialize is None:
+        return None
+    encode = serialize
+
+    def serialized(reply: Any) -> bytes:
+        return reply if isinstance(reply, bytes) else encode(reply)
+
+    return serialized
 
 
 def caller(context: Ctx) -> str:
@@ -178,7 +193,7 @@ class ClientService(pbg.ClientServicer):
                         ) -> pb.SubmitJobResponse:
         spec = spec_from_proto(request.spec)
         user = caller(context)
-        with self.shell.mutation():
+        async with self.shell.mutation():
             job = self.shell.core.submit(spec, user, _now(), request.submit_id[:128], self.shell.groups_of(user))
         log.info("job %s submitted by %s to %s: %d GPUs", job.job_id, job.user, job.queue, spec.gpus)
         return pb.SubmitJobResponse(job_id=job.job_id, queue=job.queue)
@@ -201,7 +216,7 @@ class ClientService(pbg.ClientServicer):
     @rpc
     async def KillJob(self, request: pb.KillJobRequest, context: Ctx) -> pb.KillJobResponse:
         user = caller(context)
-        with self.shell.mutation():
+        async with self.shell.mutation():
             job = self.shell.core.kill(request.job_id, user, request.reason[:500], _now(), self.shell.groups_of(user),
                                        rm_admin=self.shell.is_admin(identify(context)))
         log.info("job %s killed by %s", job.job_id, user)
@@ -210,7 +225,7 @@ class ClientService(pbg.ClientServicer):
     @rpc
     async def ScaleJob(self, request: pb.ScaleJobRequest, context: Ctx) -> pb.ScaleJobResponse:
         user = caller(context)
-        with self.shell.mutation():
+        async with self.shell.mutation():
             job = self.shell.core.scale(request.job_id, request.gpus, user, _now(), self.shell.groups_of(user),
                                         rm_admin=self.shell.is_admin(identify(context)))
         log.info("job %s scaled to %d GPUs by %s", job.job_id, job.target_gpus, user)
@@ -239,8 +254,8 @@ class ClientService(pbg.ClientServicer):
 
     @rpc
     async def GetClusterView(self, request: pb.GetClusterViewRequest, context: Ctx
-                             ) -> pb.ClusterView:
-        return self.shell.view_pb()
+                             ) -> bytes:
+        return self.shell.view_bytes()      # an encoded pb.ClusterView (DecodeGuard sends bytes as they are)
 
     @rpc
     async def GetAccounting(self, request: pb.AccountingRequest, context: Ctx
@@ -295,7 +310,7 @@ class AdminService(pbg.AdminServicer):
     async def DrainNode(self, request: pb.DrainNodeRequest, context: Ctx
                         ) -> pb.DrainNodeResponse:
         user = self._require_admin(context, "drain")
-        with self.shell.mutation():
+        async with self.shell.mutation():
             node = self.shell.core.drain(request.node_id, request.undrain, _now())
         log.info("node %s %s by %s", node.node_id, "undrained" if request.undrain else "drained", user)
         return pb.DrainNodeResponse(node=convert.node_to_pb(node))
@@ -320,18 +335,20 @@ class AMService(pbg.ApplicationMasterServicer):
 
     @rpc
     async def RegisterApplicationMaster(self, request: pb.RegisterAMRequest, context: Ctx
-                                        ) -> pb.RegisterAMResponse:
+                                        ) -> bytes:
         self._authenticate(context, request.job_id, request.am_attempt)
-        with self.shell.mutation():
+        async with self.shell.mutation():
             job, held = self.shell.core.register_am(request.job_id, request.am_attempt, _now())
         log.info("AM %d of %s registered from %s", request.am_attempt, job.job_id, request.host[:253])
-        return pb.RegisterAMResponse(
+        reply = pb.RegisterAMResponse(
             am_token=self.shell.fresh_am_token(job.job_id, request.am_attempt),
             job=self.shell.job_pb(job), held=[self.shell.grant_pb(c.container_id) for c in held if c.phase.live],
             held_status=[convert.container_status_to_pb(c) for c in held], mqtt_url=self.shell.mqtt_url,
             allocate_interval_ms=round(self.shell.core.settings.allocate_interval_s * 1000),
-            view=self.shell.view_pb(), mqtt_username=self.shell.broker_auth.reader.username,
+            mqtt_username=self.shell.broker_auth.reader.username,
             mqtt_password=self.shell.broker_auth.reader.password)
+        # The view is the shared, once-encoded one, appended as field 6 (`view`) of the encoded reply.
+        return reply.SerializeToString() + length_delimited(6, self.shell.view_bytes())
 
     @rpc
     async def Allocate(self, request: pb.AllocateRequest, context: Ctx
@@ -340,7 +357,7 @@ class AMService(pbg.ApplicationMasterServicer):
         problems = allocate_problems(request)
         if problems:
             raise ConfigError(problems)
-        with self.shell.mutation():
+        async with self.shell.mutation():
             result = self.shell.core.allocate(
                 request.job_id, request.am_attempt, request.response_id,
                 [convert.ask_from_pb(a) for a in request.asks], list(request.releases),
@@ -368,7 +385,7 @@ class AMService(pbg.ApplicationMasterServicer):
         final = convert.JOB_STATE_FROM_PB.get(request.final_state)
         if final is None:
             raise RequestError(ErrorCode.INVALID_ARGUMENT, "final_state: unknown job state")
-        with self.shell.mutation():
+        async with self.shell.mutation():
             job = self.shell.core.finish_am(request.job_id, request.am_attempt, final,
                                             request.diagnostics[:4000], request.exit_code,
                                             [convert.attempt_update_from_pb(a) for a in request.attempts], _now())
@@ -457,11 +474,12 @@ class TrackerService(pbg.ResourceTrackerServicer):
                 log.warning("registration as node %s refused: %s", request.node_id[:128], why)
                 raise RequestError(ErrorCode.PERMISSION_DENIED, f"node {request.node_id[:128]}: {why}")
         session = self.shell.new_session()
-        with self.shell.mutation():
+        async with self.shell.mutation():
             stops = self.shell.core.register_node(convert.registration_from_pb(request), session, _now())
         reply = pb.RegisterNodeResponse(
             session=session, heartbeat_interval_ms=round(self.shell.core.settings.heartbeat_interval_s * 1000),
             mqtt_url=self.shell.mqtt_url, stop_containers=[s.container_id for s in stops], epoch=self.shell.epoch,
+            resync_spread_ms=round(resync.spread_s(len(self.shell.core.cluster.nodes)) * 1000),
             mqtt_username=self.shell.broker_auth.reader.username, mqtt_password=self.shell.broker_auth.reader.password)
         if who.verified:
             # Only over mTLS, to the node's own certificate: the key that signs this node's tokens. Without mTLS
@@ -498,7 +516,7 @@ class TrackerService(pbg.ResourceTrackerServicer):
                     break
                 node_id = beat.node_id
                 try:
-                    with self.shell.mutation():
+                    async with self.shell.mutation():
                         action = self.shell.core.node_heartbeat(
                             beat.node_id, beat.session, [convert.report_from_pb(c) for c in beat.containers],
                             _now(), beat.healthy, beat.health_report[:2000],

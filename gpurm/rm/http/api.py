@@ -230,7 +230,7 @@ async def submit_job(request: web.Request) -> web.Response:
         spec = spec_from_mapping(data, "spec")
     except ConfigError as exc:
         raise ConfigError([p.removeprefix("spec: ") for p in exc.problems]) from None
-    with shell.mutation():
+    async with shell.mutation():
         job = shell.core.submit(spec, user, time.time(), request.headers.get("Idempotency-Key", "")[:128],
                                 shell.groups_of(user))
     return web.json_response({"job_id": job.job_id, "queue": job.queue}, status=201)
@@ -244,7 +244,7 @@ async def kill_job(request: web.Request) -> web.Response:
     reason = data.get("reason", "")
     if not isinstance(reason, str):
         raise bad("reason", f"must be a string, got {type(reason).__name__}")
-    with shell.mutation():
+    async with shell.mutation():
         job = shell.core.kill(request.match_info["job_id"], user, reason[:500], time.time(), shell.groups_of(user),
                               rm_admin=shell.is_admin(who))
     return web.json_response({"job": to_json(shell.job_pb(job))})

@@ -1,0 +1,368 @@
+"""The RM at scale (see rm_scale): a real RM, a real broker and SQLite store, N simulated agents, K submitters."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from gpurm.proto import gpurm_pb2 as pb  # noqa: E402
+from gpurm.proto import gpurm_pb2_grpc as pbg  # noqa: E402
+from gpurm.rm.service import USER_KEY  # noqa: E402
+from gpurm.rm.store import SqliteStore  # noqa: E402
+from tests.conftest import run_broker  # noqa: E402
+from tests.integration.rmproc import USER, RMProcess  # noqa: E402
+
+ECHO_SERVER = """
+import asyncio, sys, grpc
+async def main():
+    ident = lambda b: b
+    handler = grpc.method_handlers_generic_handler("bench.Echo", {
+        "Echo": grpc.unary_unary_rpc_method_handler(lambda req, ctx: req, ident, ident)})
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(port, flush=True)
+    await server.wait_for_termination()
+asyncio.run(main())
+"""
+
+
+def note(text: str) -> None:
+    sys.stderr.write(f"[{time.strftime('%H:%M:%S')}] {text}\n")
+    sys.stderr.flush()
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+# ---------------------------------------------------------------- raw limits
+
+
+async def echo_rate(clients: int, seconds: float) -> float:
+    """Unary calls/s a bare grpc.aio server answers to `clients` concurrent callers (the gRPC ceiling)."""
+    proc = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)  # noqa: ASYNC220
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary("/bench.Echo/Echo")
+            payload = b"x" * 200
+            end = time.perf_counter() + seconds
+            done = 0
+
+            async def one() -> None:
+                nonlocal done
+                while time.perf_counter() < end:
+                    await call(payload, timeout=10)
+                    done += 1
+
+            began = time.perf_counter()
+            await asyncio.gather(*(one() for _ in range(clients)))
+            return done / (time.perf_counter() - began)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def commit_rate(folder: Path, seconds: float) -> float:
+    """Durable SQLite commits/s (WAL, synchronous=FULL: the RM's store settings), one small row each."""
+    store = SqliteStore(folder / "commit-bench.db")
+    try:
+        end = time.perf_counter() + seconds
+        n = 0
+        began = time.perf_counter()
+        while time.perf_counter() < end:
+            store.save([], [], [], {"bench": str(n)})
+            n += 1
+        return n / (time.perf_counter() - began)
+    finally:
+        store.close()
+
+
+# ---------------------------------------------------------------- the RM process
+
+
+def proc_usage(pid: int) -> tuple[float, float]:
+    """(RSS MiB, CPU seconds) of a process, from /proc."""
+    rss = 0.0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) / 1024
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return rss, cpu
+
+
+def scrape(rm: RMProcess) -> dict[str, float]:
+    info = json.loads((rm.state_dir / "rm.json").read_text())
+    text = urllib.request.urlopen(info["http_url"] + "/metrics", timeout=30).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r"^(gpurm_(?:nodes_lost|containers_lost)_total) (\S+)$", line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+class FleetProc:
+    def __init__(self, rm: RMProcess, args: argparse.Namespace, first: int, nodes: int, log: Path) -> None:
+        self.log = log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "scripts/bench/rm_scale_fleet.py"), "--rm", rm.address,
+             "--keys", str(rm.state_dir / "token.key"), "--nodes", str(nodes), "--first", str(first),
+             "--gpus", str(args.gpus), "--racks", str(args.racks), "--hold", str(args.hold),
+             "--ramp", str(args.ramp)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    def ask(self, line: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        text = self.proc.stdout.readline()
+        if not text:
+            raise SystemExit(f"the fleet exited ({self.proc.poll()}); see {self.log.name}")
+        reply: dict[str, Any] = json.loads(text)
+        return reply
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.ask("quit")
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+# ---------------------------------------------------------------- submitting
+
+
+async def submit_all(address: str, jobs: int, clients: int, sizes: list[int]) -> tuple[list[str], list[float], float]:
+    """Submit `jobs` jobs from `clients` concurrent callers; (acknowledged ids, latencies, seconds)."""
+    ids: list[str] = []
+    lat: list[float] = []
+    counter = iter(range(jobs))
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pbg.ClientStub(channel)
+
+        async def one() -> None:
+            for i in counter:
+                spec = pb.JobSpec(name=f"scale-{i}", gpus=sizes[i % len(sizes)], command=["/bin/true"],
+                                  workdir="/tmp")
+                t = time.perf_counter()
+                reply = await stub.SubmitJob(pb.SubmitJobRequest(spec=spec, submit_id=uuid.uuid4().hex),
+                                             metadata=((USER_KEY, USER),), timeout=60)
+                lat.append(time.perf_counter() - t)
+                ids.append(reply.job_id)
+                if len(ids) % 500 == 0:
+                    note(f"submitted {len(ids)}/{jobs}")
+
+        began = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(clients)))
+        return ids, lat, time.perf_counter() - began
+
+
+async def missing_jobs(address: str, ids: list[str]) -> int:
+    """How many acknowledged jobs the RM does not know (after a restart: lost acknowledged writes)."""
+    missing = 0
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pbg.ClientStub(channel)
+        sem = asyncio.Semaphore(16)
+
+        async def check(job_id: str) -> None:
+            nonlocal missing
+            async with sem:
+                try:
+                    await stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=30)
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() is grpc.StatusCode.NOT_FOUND:
+                        missing += 1
+                    else:
+                        raise
+
+        await asyncio.gather(*(check(j) for j in ids))
+    return missing
+
+
+# ---------------------------------------------------------------- the run
+
+
+def fleet_stats(fleets: list[FleetProc]) -> dict[str, Any]:
+    """One fleet's stats (the figures of several fleets are reported per fleet: the first is representative)."""
+    parts = [f.ask("stats") for f in fleets]
+    out = dict(parts[0])
+    for key in ("nodes", "up", "beats", "allocates", "granted", "registrations", "reregister_asked",
+                "stream_breaks", "am_started", "am_finished", "am_errors", "live_containers"):
+        out[key] = sum(p[key] for p in parts)
+    for key in ("beat_p99_ms", "beat_max_ms", "allocate_p99_ms", "granted_p99_ms", "register_p99_ms"):
+        out[key] = max(p[key] for p in parts)
+    return out
+
+
+def wait_up(fleets: list[FleetProc], nodes: int, timeout: float) -> float:
+    began = time.perf_counter()
+    while time.perf_counter() - began < timeout:
+        up = sum(f.ask("up")["up"] for f in fleets)
+        if up >= nodes:
+            return time.perf_counter() - began
+        time.sleep(0.2)
+    return float("nan")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="gpurm-rm-scale-"))
+    result: dict[str, Any] = {"nodes": args.nodes, "gpus_per_node": args.gpus, "heartbeat_s": args.interval,
+                              "jobs": args.jobs, "clients": args.clients, "workdir": str(work)}
+    note(f"raw limits (gRPC echo with {args.clients} callers, SQLite commits) ...")
+    result["raw_echo_per_s"] = asyncio.run(echo_rate(args.clients, 3.0))
+    result["raw_commit_per_s"] = commit_rate(work, 2.0)
+    with run_broker(work / "broker") as broker:
+        rm = RMProcess(work, broker, heartbeat=f"{args.interval}s", missed_beats=args.missed_beats,
+                       am={"allocate_interval": "500ms"})
+        fleets: list[FleetProc] = []
+        try:
+            per = -(-args.nodes // args.fleets)
+            note(f"starting {args.nodes} simulated nodes ({args.fleets} process(es)) ...")
+            began = time.perf_counter()
+            for f in range(args.fleets):
+                count = min(per, args.nodes - f * per)
+                fleets.append(FleetProc(rm, args, f * per, count, work / f"fleet{f}.log"))
+            for f in fleets:
+                f.read()
+            result["register_all_s"] = time.perf_counter() - began
+            note(f"all {args.nodes} nodes registered in {result['register_all_s']:.1f}s; steady phase ...")
+            for f in fleets:
+                f.ask("reset")
+            rss0, cpu0 = proc_usage(rm.proc.pid)   # type: ignore[union-attr]
+            t0 = time.perf_counter()
+            ids, lat, secs = asyncio.run(submit_all(rm.address, args.jobs, args.clients, args.sizes))
+            result.update(submits=len(ids), submit_s=secs, submits_per_s=len(ids) / secs,
+                          submit_p50_ms=pct(lat, .5) * 1000, submit_p99_ms=pct(lat, .99) * 1000)
+            note(f"{len(ids)} submits in {secs:.1f}s ({len(ids) / secs:.0f}/s); holding the fleet for the rest of "
+                 f"{args.duration:g}s ...")
+            while time.perf_counter() - t0 < args.duration:
+                time.sleep(1)
+            rss1, cpu1 = proc_usage(rm.proc.pid)   # type: ignore[union-attr]
+            result["steady"] = fleet_stats(fleets)
+            result.update(rm_rss_mib=rss1, rm_cpu_pct=100 * (cpu1 - cpu0) / (time.perf_counter() - t0),
+                          rm_rss_start_mib=rss0)
+            result["lost_before_restart"] = scrape(rm)
+            if args.restart:
+                for f in fleets:
+                    f.ask("reset")
+                note("SIGKILL the RM and start it again ...")
+                rm.kill()
+                began = time.perf_counter()
+                rm.start(timeout=120)
+                result["restart_serving_s"] = time.perf_counter() - began
+                result["restart_resync_s"] = wait_up(fleets, args.nodes, 300) + result["restart_serving_s"]
+                note(f"serving after {result['restart_serving_s']:.1f}s, every node back after "
+                     f"{result['restart_resync_s']:.1f}s; watching for losses for {args.watch:g}s ...")
+                time.sleep(args.watch)
+                result["lost_after_restart"] = scrape(rm)
+                result["after_restart"] = fleet_stats(fleets)
+                result["rm_rss_after_restart_mib"] = proc_usage(rm.proc.pid)[0]   # type: ignore[union-attr]
+                note("checking every acknowledged job survived ...")
+                result["acknowledged_jobs_missing"] = asyncio.run(missing_jobs(rm.address, ids))
+        finally:
+            for f in fleets:
+                f.close()
+            rm.close()
+    return result
+
+
+def table(r: dict[str, Any]) -> str:
+    s = r["steady"]
+    lost = r["lost_before_restart"]
+    rows = [
+        ("nodes x GPUs, heartbeat", f"{r['nodes']} x {r['gpus_per_node']}, every {r['heartbeat_s']:g}s"),
+        ("register all nodes", f"{r['register_all_s']:.1f} s"),
+        ("heartbeat RTT p50 / p99 / max", f"{s['beat_p50_ms']:.1f} / {s['beat_p99_ms']:.1f} / "
+                                          f"{s['beat_max_ms']:.0f} ms ({s['beats']} beats)"),
+        ("nodes / containers marked LOST", f"{lost.get('gpurm_nodes_lost_total', 0):.0f} / "
+                                           f"{lost.get('gpurm_containers_lost_total', 0):.0f}"),
+        ("acknowledged submits/s", f"{r['submits_per_s']:.0f} ({r['submits']} jobs, {r['clients']} clients; "
+                                   f"p50 {r['submit_p50_ms']:.1f} ms, p99 {r['submit_p99_ms']:.1f} ms)"),
+        ("submit to granted p50 / p99", f"{s['granted_p50_ms']:.0f} / {s['granted_p99_ms']:.0f} ms "
+                                        f"({s['granted']} jobs)"),
+        ("allocate p50 / p99", f"{s['allocate_p50_ms']:.1f} / {s['allocate_p99_ms']:.1f} ms "
+                               f"({s['allocates']} calls)"),
+        ("RM RSS / CPU", f"{r['rm_rss_mib']:.0f} MiB / {r['rm_cpu_pct']:.0f}% of a core"),
+        ("AMs started / finished / errors", f"{s['am_started']} / {s['am_finished']} / {s['am_errors']}"),
+    ]
+    if "restart_serving_s" in r:
+        a = r["after_restart"]
+        la = r["lost_after_restart"]
+        rows += [
+            ("restart: serving again", f"{r['restart_serving_s']:.1f} s"),
+            ("restart: every node re-registered", f"{r['restart_resync_s']:.1f} s"),
+            ("restart: nodes / containers LOST", f"{la.get('gpurm_nodes_lost_total', 0):.0f} / "
+                                                 f"{la.get('gpurm_containers_lost_total', 0):.0f}"),
+            ("restart: acknowledged jobs missing", f"{r['acknowledged_jobs_missing']} of {r['submits']}"),
+            ("restart: heartbeat p99, register p99", f"{a['beat_p99_ms']:.0f} ms, {a['register_p99_ms']:.0f} ms"),
+            ("restart: RM RSS", f"{r['rm_rss_after_restart_mib']:.0f} MiB"),
+        ]
+    rows += [("raw: bare gRPC echo", f"{r['raw_echo_per_s']:.0f} calls/s ({r['clients']} callers)"),
+             ("raw: durable SQLite commits", f"{r['raw_commit_per_s']:.0f} commits/s")]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description="A real RM against N simulated agents and K submitting clients.",
+        epilog="example: scripts/bench/rm_scale --nodes 10000 --jobs 2000 --restart")
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--gpus", type=int, default=8, help="GPUs per node")
+    ap.add_argument("--racks", type=int, default=0, help="racks (default: nodes / 40)")
+    ap.add_argument("--interval", type=float, default=3.0, help="heartbeat interval, seconds")
+    ap.add_argument("--missed-beats", type=int, default=5, help="a node is LOST after this many missed beats")
+    ap.add_argument("--jobs", type=int, default=2000, help="jobs to submit")
+    ap.add_argument("--clients", type=int, default=16, help="concurrent submitting clients")
+    ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16],
+                    help="job sizes in GPUs, used in turn")
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds of steady heartbeats (submits included)")
+    ap.add_argument("--hold", type=float, default=5.0, help="seconds a job holds its GPUs once granted")
+    ap.add_argument("--ramp", type=float, default=0.0, help="seconds over which nodes first register (0: nodes/500)")
+    ap.add_argument("--fleets", type=int, default=1, help="processes the simulated nodes are spread over")
+    ap.add_argument("--restart", action="store_true", help="then SIGKILL the RM, restart it, count losses")
+    ap.add_argument("--watch", type=float, default=0.0, help="after a restart, watch this long for losses "
+                                                             "(default: 2 node expiries)")
+    ap.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    args = ap.parse_args()
+    args.racks = args.racks or max(1, args.nodes // 40)
+    args.ramp = args.ramp or args.nodes / 500
+    args.watch = args.watch or 2 * args.interval * args.missed_beats
+    result = run(args)
+    print(json.dumps(result, indent=1) if args.output == "json" else table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,354 @@
+"""Simulated agents (and the AMs of the jobs they run) for scripts/bench/rm_scale: one process, N nodes.
+
+Each node speaks the real ResourceTracker protocol to a real RM: RegisterNode with a join proof made from the RM's
+own key (as `gpurm admin node-secret` would hand an agent), then one heartbeat stream carrying container deltas,
+re-registering with all its containers after any break, after a jittered wait as the real agent does. One gRPC
+ContainerManager server stands for every node's agent: the RM starts AMs there, and each AM is a small task that
+registers, asks for its job's GPUs, marks its granted learners running on their nodes, holds them a while,
+ends them and finishes. Lines on stdin drive it (`stats`, `reset`, `quit`); replies are JSON lines on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import resource
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from gpurm.proto import gpurm_pb2 as pb
+from gpurm.proto import gpurm_pb2_grpc as pbg
+from gpurm.rm.identity import AM_TOKEN_KEY
+from gpurm.rm.tokens import ClusterKeys, join_proof
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+@dataclass
+class Stats:
+    beat_rtt: list[float] = field(default_factory=list)
+    allocate: list[float] = field(default_factory=list)
+    granted: list[float] = field(default_factory=list)     # submit (RM clock) to all GPUs granted
+    register: list[float] = field(default_factory=list)
+    registrations: int = 0
+    reregister_asked: int = 0                                # the RM answered a beat with REREGISTER
+    stream_breaks: int = 0
+    am_started: int = 0
+    am_finished: int = 0
+    am_errors: int = 0
+    last_error: str = ""
+
+
+@dataclass
+class SimNode:
+    node_id: str
+    rack: str
+    gpus: int
+    session: str = ""
+    seq: int = 0
+    instance: str = field(default_factory=lambda: uuid.uuid4().hex)
+    sent: dict[int, float] = field(default_factory=dict)
+    live: dict[str, pb.ContainerStatus] = field(default_factory=dict)
+    pending: dict[str, tuple[pb.ContainerStatus, int]] = field(default_factory=dict)   # status, first seq sent
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    up: bool = False
+    interval: float = 1.0
+    spread: float = 0.0        # how long the RM wants re-registrations spread over after a break
+
+    def report(self, status: pb.ContainerStatus) -> None:
+        if status.state in (pb.CONTAINER_STARTING, pb.CONTAINER_RUNNING):
+            self.live[status.container_id] = status
+        else:
+            self.live.pop(status.container_id, None)
+        self.pending[status.container_id] = (status, 0)
+        self.wake.set()
+
+
+class Fleet:
+    def __init__(self, args: argparse.Namespace, keys: ClusterKeys) -> None:
+        self.args = args
+        self.keys = keys
+        self.stats = Stats()
+        ids = [args.first + i for i in range(args.nodes)]
+        self.nodes = {f"n{i:05d}": SimNode(f"n{i:05d}", f"rack{i % args.racks}", args.gpus) for i in ids}
+        self.channels = [grpc.aio.insecure_channel(args.rm, options=[("grpc.use_local_subchannel_pool", 1)])
+                         for _ in range(args.channels)]
+        self.cm_port = 0
+        self.measuring = True
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    def channel(self, i: int) -> grpc.aio.Channel:
+        return self.channels[i % len(self.channels)]
+
+    # ------------------------------------------------------------ one node
+
+    async def run_node(self, i: int, node: SimNode) -> None:
+        tracker = pbg.ResourceTrackerStub(self.channel(i))
+        spread = 0.0
+        while True:
+            try:
+                await self.register(tracker, node)
+                spread = await self.beat(tracker, node)
+            except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as exc:
+                self.stats.stream_breaks += node.up
+                self.stats.last_error = str(exc)[:200]
+                spread = max(spread, 0.2)
+            node.up = False
+            await asyncio.sleep(random.uniform(0.1, max(spread, 0.2)))
+
+    async def register(self, tracker: Any, node: SimNode) -> None:
+        node.instance = uuid.uuid4().hex
+        request = pb.RegisterNodeRequest(
+            node_id=node.node_id, host="127.0.0.1", agent_port=self.cm_port, rack=node.rack, cpus=64,
+            memory_mib=512 * 1024, healthy=True, agent_version="rm_scale", agent_instance=node.instance,
+            gpus=[pb.GpuInfo(index=g, uuid=f"GPU-{node.node_id}-{g}", model="sim", memory_mib=81920, healthy=True,
+                             numa_node=g // 4) for g in range(node.gpus)],
+            containers=[*node.live.values(), *(s for s, _ in node.pending.values() if s.container_id not in node.live)])
+        request.join_time_ms = int(time.time() * 1000)
+        request.join_proof = join_proof(self.keys.node_key(node.node_id).secret, node.node_id, node.instance,
+                                        request.join_time_ms)
+        began = time.perf_counter()
+        reply = await tracker.RegisterNode(request, timeout=30)
+        if self.measuring:
+            self.stats.register.append(time.perf_counter() - began)
+        self.stats.registrations += 1
+        node.pending = {k: v for k, v in node.pending.items() if k in node.live}
+        for cid in reply.stop_containers:
+            node.live.pop(cid, None)
+            node.pending.pop(cid, None)
+        node.session = reply.session
+        node.interval = reply.heartbeat_interval_ms / 1000 or 1.0
+        node.spread = reply.resync_spread_ms / 1000
+        node.up = True
+
+    async def beat(self, tracker: Any, node: SimNode) -> float:
+        call = tracker.Heartbeat()
+        interval = node.interval
+        reader = asyncio.ensure_future(self.read(call, node))
+        try:
+            await asyncio.sleep(random.uniform(0, interval))    # nodes beat out of phase, as real ones do
+            while not reader.done():
+                node.seq += 1
+                statuses = []
+                for cid, (status, first) in list(node.pending.items()):
+                    if not first:
+                        node.pending[cid] = (status, node.seq)
+                    statuses.append(status)
+                node.sent[node.seq] = time.perf_counter()
+                node.wake.clear()
+                await call.write(pb.NodeHeartbeat(node_id=node.node_id, session=node.session, seq=node.seq,
+                                                  containers=statuses, healthy=True))
+                wait = asyncio.ensure_future(node.wake.wait())
+                await asyncio.wait([reader, wait], timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+                wait.cancel()
+            reader.result()
+            return node.spread
+        finally:
+            call.cancel()
+            reader.cancel()
+
+    async def read(self, call: Any, node: SimNode) -> None:
+        silence = 3 * node.interval + 5
+        while True:
+            reply = await asyncio.wait_for(call.read(), silence)
+            if reply is grpc.aio.EOF:
+                raise ConnectionError("the RM closed the stream")
+            sent = node.sent.pop(reply.ack_seq, None)
+            if sent is not None and self.measuring:
+                self.stats.beat_rtt.append(time.perf_counter() - sent)
+            for old in [s for s in node.sent if s < reply.ack_seq]:
+                del node.sent[old]
+            if reply.ack_seq:
+                for cid, (_, first) in list(node.pending.items()):
+                    if first and first <= reply.ack_seq:
+                        del node.pending[cid]
+            for order in reply.stop:
+                if order.container_id in node.live:
+                    status = node.live[order.container_id]
+                    node.report(pb.ContainerStatus(container_id=status.container_id, job_id=status.job_id,
+                                                   kind=status.kind, state=pb.CONTAINER_EXITED, stopped=True,
+                                                   signal=15, node_id=node.node_id,
+                                                   gpu_indices=status.gpu_indices, end_ms=int(time.time() * 1000)))
+            if reply.action == pb.HEARTBEAT_REREGISTER:
+                self.stats.reregister_asked += 1
+                return
+
+    # ------------------------------------------------------------ containers and AMs
+
+    def start(self, payload: pb.ContainerTokenPayload) -> pb.ContainerStatus:
+        node = self.nodes[payload.node_id]
+        status = pb.ContainerStatus(container_id=payload.container_id, job_id=payload.job_id, kind=payload.kind,
+                                    state=pb.CONTAINER_RUNNING, pid=4242, node_id=payload.node_id,
+                                    gpu_indices=payload.gpu_indices, start_ms=int(time.time() * 1000))
+        node.report(status)
+        return status
+
+    def end(self, node_id: str, container_id: str) -> None:
+        node = self.nodes.get(node_id)
+        if node is None or container_id not in node.live:
+            return
+        s = node.live[container_id]
+        node.report(pb.ContainerStatus(container_id=s.container_id, job_id=s.job_id, kind=s.kind,
+                                       state=pb.CONTAINER_EXITED, exit_code=0, node_id=node_id,
+                                       gpu_indices=s.gpu_indices, end_ms=int(time.time() * 1000)))
+
+    async def am(self, payload: pb.ContainerTokenPayload, env: dict[str, str]) -> None:
+        self.stats.am_started += 1
+        stub = pbg.ApplicationMasterStub(self.channel(hash(payload.job_id)))
+        token = env["GPURM_AM_TOKEN"]
+        job_id, attempt = env["GPURM_JOB_ID"], int(env["GPURM_AM_ATTEMPT"])
+        try:
+            reg = await stub.RegisterApplicationMaster(
+                pb.RegisterAMRequest(job_id=job_id, am_attempt=attempt, host="127.0.0.1"),
+                metadata=((AM_TOKEN_KEY, token),), timeout=30)
+            token = reg.am_token or token
+            gpus = reg.job.spec.gpus
+            per = min(gpus, self.args.gpus)
+            asks = [pb.ResourceAsk(gpus=per, count=gpus // per)]
+            interval = max(reg.allocate_interval_ms / 1000, 0.2)
+            response_id, got, learners = 0, 0, []
+            granted_at = None
+            while True:
+                began = time.perf_counter()
+                reply = await stub.Allocate(pb.AllocateRequest(job_id=job_id, am_attempt=attempt,
+                                                               response_id=response_id,
+                                                               asks=asks if granted_at is None else []),
+                                            metadata=((AM_TOKEN_KEY, token),), timeout=30)
+                if self.measuring:
+                    self.stats.allocate.append(time.perf_counter() - began)
+                response_id = reply.response_id
+                token = reply.am_token or token
+                if reply.kill_requested:
+                    break
+                for g in reply.grants:
+                    got += len(g.gpu_indices)
+                    learners.append(g)
+                    self.start(pb.ContainerTokenPayload.FromString(g.token.payload))
+                if granted_at is None and got >= gpus:
+                    granted_at = time.time()
+                    if self.measuring:
+                        self.stats.granted.append(granted_at - reg.job.submit_ms / 1000)
+                    asks = []
+                if granted_at is not None and time.time() - granted_at >= self.args.hold:
+                    break
+                await asyncio.sleep(interval)
+            for g in learners:
+                self.end(g.node_id, g.container_id)
+            await stub.FinishApplicationMaster(pb.FinishAMRequest(job_id=job_id, am_attempt=attempt,
+                                                                  final_state=pb.JOB_SUCCEEDED),
+                                               metadata=((AM_TOKEN_KEY, token),), timeout=30)
+            self.stats.am_finished += 1
+        except grpc.aio.AioRpcError as exc:
+            self.stats.am_errors += 1
+            self.stats.last_error = f"AM {job_id}: {exc.code().name}: {exc.details()}"[:300]
+        finally:
+            self.end(payload.node_id, payload.container_id)
+
+    # ------------------------------------------------------------ control
+
+    def snapshot(self) -> dict[str, Any]:
+        s = self.stats
+        return {"event": "stats", "nodes": len(self.nodes), "up": sum(n.up for n in self.nodes.values()),
+                "beats": len(s.beat_rtt), "beat_p50_ms": pct(s.beat_rtt, .5) * 1000,
+                "beat_p99_ms": pct(s.beat_rtt, .99) * 1000, "beat_max_ms": max(s.beat_rtt, default=0) * 1000,
+                "allocates": len(s.allocate), "allocate_p50_ms": pct(s.allocate, .5) * 1000,
+                "allocate_p99_ms": pct(s.allocate, .99) * 1000, "granted": len(s.granted),
+                "granted_p50_ms": pct(s.granted, .5) * 1000, "granted_p99_ms": pct(s.granted, .99) * 1000,
+                "register_p50_ms": pct(s.register, .5) * 1000, "register_p99_ms": pct(s.register, .99) * 1000,
+                "registrations": s.registrations, "reregister_asked": s.reregister_asked,
+                "stream_breaks": s.stream_breaks, "am_started": s.am_started, "am_finished": s.am_finished,
+                "am_errors": s.am_errors, "last_error": s.last_error,
+                "live_containers": sum(len(n.live) for n in self.nodes.values()),
+                "fleet_cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2])}
+
+    def reset(self) -> None:
+        self.stats = Stats()
+
+
+class CM(pbg.ContainerManagerServicer):
+    """Every simulated node's agent: starts are recorded on the node the token names (tokens are not checked:
+    the real agent's checks are not what this benchmark measures)."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    async def StartContainer(self, request: pb.StartContainerRequest, context: Any) -> pb.StartContainerResponse:
+        payload = pb.ContainerTokenPayload.FromString(request.token.payload)
+        status = self.fleet.start(payload)
+        if payload.kind == pb.CONTAINER_AM:
+            task = asyncio.ensure_future(self.fleet.am(payload, dict(request.launch.env)))
+            self.fleet.tasks.add(task)
+            task.add_done_callback(self.fleet.tasks.discard)
+        return pb.StartContainerResponse(status=status)
+
+    async def StopContainer(self, request: pb.StopContainerRequest, context: Any) -> pb.StopContainerResponse:
+        payload = pb.ContainerTokenPayload.FromString(request.token.payload)
+        self.fleet.end(payload.node_id, request.container_id)
+        return pb.StopContainerResponse()
+
+
+def emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rm", required=True)
+    ap.add_argument("--keys", required=True, type=Path)
+    ap.add_argument("--nodes", type=int, required=True)
+    ap.add_argument("--first", type=int, default=0)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--racks", type=int, default=50)
+    ap.add_argument("--channels", type=int, default=64)
+    ap.add_argument("--hold", type=float, default=5.0)
+    ap.add_argument("--ramp", type=float, default=10.0, help="seconds over which the nodes first register")
+    args = ap.parse_args()
+    fleet = Fleet(args, ClusterKeys.load(args.keys))
+    server = grpc.aio.server()
+    pbg.add_ContainerManagerServicer_to_server(CM(fleet), server)
+    fleet.cm_port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    began = time.perf_counter()
+
+    async def staggered(i: int, node: SimNode) -> None:
+        await asyncio.sleep(args.ramp * i / max(len(fleet.nodes), 1))
+        await fleet.run_node(i, node)
+
+    runners = [asyncio.ensure_future(staggered(i, n)) for i, n in enumerate(fleet.nodes.values())]
+    while sum(n.up for n in fleet.nodes.values()) < len(fleet.nodes):
+        await asyncio.sleep(0.2)
+    emit({"event": "ready", "seconds": time.perf_counter() - began})
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while line := (await reader.readline()).decode().strip():
+        if line == "stats":
+            emit(fleet.snapshot())
+        elif line == "reset":
+            fleet.reset()
+            emit({"event": "reset"})
+        elif line == "up":
+            emit({"event": "up", "up": sum(n.up for n in fleet.nodes.values())})
+        elif line == "quit":
+            break
+    for r in runners:
+        r.cancel()
+    await server.stop(0)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
