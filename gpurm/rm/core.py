@@ -670,6 +670,22 @@ class RMCore:
         app.last_response = result
         return result
 
+    def waits_for_pass(self, job_id: str) -> bool:
+        """Whether the AM's last call brought asks no pass has looked at yet (its reply may wait for the next)."""
+        return job_id in self.new_askers and job_id in self.asking
+
+    def late_grants(self, job_id: str, am_attempt: int, response_id: int) -> list[Grant]:
+        """Grants made since the reply `response_id` was built, moved into that reply when the AM has made no
+        call since (the shell held the reply for the next pass: a new ask is answered by the pass that serves
+        it, not at the AM's next poll). A retry of that call gets them too."""
+        app = self.apps.get(job_id)
+        if app is None or app.am_attempt != am_attempt or app.response_id != response_id \
+                or app.last_response is None or not app.pending_grants:
+            return []
+        grants, app.pending_grants = app.pending_grants, []
+        app.last_response.grants.extend(grants)
+        return grants
+
     def _release(self, job: Job, container_id: str, now: float) -> None:
         c = self.containers.get(container_id)
         if c is None or c.job_id != job.job_id or not c.phase.live:

@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 AGENT_CALL_TIMEOUT_S = 10.0
+JOB_EVENT_COALESCE_S = 0.02   # a job's state events within this go out as one (its latest state)
 
 
 READ_LOG_TOKEN_S = 60.0
@@ -121,10 +122,13 @@ class RMShell:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._view_dirty = asyncio.Event()
+        self._job_events: dict[str, None] = {}       # jobs whose state event is due (coalesced)
+        self._job_events_timer: asyncio.TimerHandle | None = None
         self.views = ViewCache()
         self._groups: dict[str, tuple[float, list[str]]] = {}
         self._last_pass = 0.0
         self._pass_pending = False
+        self._pass_done = asyncio.Event()    # set (and replaced) after each deferred pass
 
     # ------------------------------------------------------------ persistence and effects
 
@@ -165,7 +169,7 @@ class RMShell:
             if isinstance(effect, LaunchAM):
                 self._spawn(self._launch_am(effect))
             elif isinstance(effect, JobChanged):
-                self._publish_job(effect.job_id)
+                self._job_event_soon(effect.job_id)
         for node_id, orders in stops.items():
             stream = self.streams.get(node_id)
             if stream is not None and orders:
@@ -301,6 +305,20 @@ class RMShell:
                 log.warning("AM %s launch failure not recorded: %s", c.container_id, exc.message)
 
     # ------------------------------------------------------------ MQTT
+
+    def _job_event_soon(self, job_id: str) -> None:
+        """Publish the job's state shortly: the changes one job goes through within JOB_EVENT_COALESCE_S (a
+        submit and its AM's start, a gang's learners starting) go out as one event, its latest state."""
+        self._job_events[job_id] = None
+        if self._job_events_timer is None:
+            self._job_events_timer = asyncio.get_running_loop().call_later(JOB_EVENT_COALESCE_S,
+                                                                          self._publish_job_events)
+
+    def _publish_job_events(self) -> None:
+        self._job_events_timer = None
+        events, self._job_events = self._job_events, {}
+        for job_id in events:
+            self._publish_job(job_id)
 
     def _publish_job(self, job_id: str) -> None:
         job = self.core.jobs.get(job_id)
@@ -500,6 +518,20 @@ class RMShell:
                         began = time.perf_counter()
                         self.core.schedule(time.time())
                         self.metrics.schedule_seconds.observe(time.perf_counter() - began)
+                self.pass_written()
+
+    def pass_written(self) -> None:
+        """A scheduling pass is done and its grants are on disk: replies held for it may take them."""
+        done, self._pass_done = self._pass_done, asyncio.Event()
+        done.set()
+
+    async def next_pass(self, timeout_s: float) -> bool:
+        """Wait (at most `timeout_s`) for the next scheduling pass to be done and written; whether one was."""
+        try:
+            await asyncio.wait_for(self._pass_done.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     def new_session(self) -> str:
         return uuid.uuid4().hex
@@ -611,6 +643,9 @@ class RMShell:
             await server.stop(grace=self.config.shutdown_grace_s)
             for task in list(self._tasks):
                 task.cancel()
+            if self._job_events_timer is not None:      # what is due goes out before the publisher stops
+                self._job_events_timer.cancel()
+                self._publish_job_events()
             for ch in self._channels.values():
                 await ch.close()
             await self.publisher.stop()

@@ -357,12 +357,19 @@ class AMService(pbg.ApplicationMasterServicer):
         problems = allocate_problems(request)
         if problems:
             raise ConfigError(problems)
+        soon = self.shell.schedule_soon()
         async with self.shell.mutation():
             result = self.shell.core.allocate(
                 request.job_id, request.am_attempt, request.response_id,
                 [convert.ask_from_pb(a) for a in request.asks], list(request.releases),
-                [convert.attempt_update_from_pb(a) for a in request.attempts], _now(),
-                schedule=self.shell.schedule_soon())
+                [convert.attempt_update_from_pb(a) for a in request.attempts], _now(), schedule=soon)
+        if soon:
+            self.shell.pass_written()
+        elif not result.grants and self.shell.core.waits_for_pass(request.job_id) \
+                and await self.shell.next_pass(2 * self.shell.config.scheduler_interval_s):
+            # New asks, and the pass was deferred (passes are coalesced under load): answer with what the next
+            # pass granted, once written, instead of leaving it for the AM's next poll.
+            self.shell.core.late_grants(request.job_id, request.am_attempt, result.response_id)
         resp = pb.AllocateResponse(
             response_id=result.response_id, grants=[self.shell.grant_pb(g.container_id) for g in result.grants],
             completed=[convert.container_status_to_pb(c) for c in result.completed],

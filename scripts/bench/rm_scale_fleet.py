@@ -221,12 +221,17 @@ class Fleet:
             interval = max(reg.allocate_interval_ms / 1000, 0.2)
             response_id, got, learners = 0, 0, []
             granted_at = None
+            started = int(time.time() * 1000)
+            report = pb.AttemptReport(attempt=1, state=pb.JOB_ALLOCATING, start_ms=started,
+                                      waiting_reason="acquiring")
             while True:
                 began = time.perf_counter()
                 reply = await stub.Allocate(pb.AllocateRequest(job_id=job_id, am_attempt=attempt,
                                                                response_id=response_id,
-                                                               asks=asks if granted_at is None else []),
+                                                               asks=asks if granted_at is None else [],
+                                                               attempts=[report] if report else []),
                                             metadata=((AM_TOKEN_KEY, token),), timeout=30)
+                report = None
                 if self.measuring:
                     self.stats.allocate.append(time.perf_counter() - began)
                 response_id = reply.response_id
@@ -242,13 +247,21 @@ class Fleet:
                     if self.measuring:
                         self.stats.granted.append(granted_at - reg.job.submit_ms / 1000)
                     asks = []
+                    # As the real AM: the gang runs, say so at once (the job leaves the acquiring count).
+                    running = [pb.Learner(rank=i, container_id=g.container_id, node_id=g.node_id,
+                                          gpu_indices=g.gpu_indices, state=pb.CONTAINER_RUNNING)
+                               for i, g in enumerate(learners)]
+                    report = pb.AttemptReport(attempt=1, state=pb.JOB_RUNNING, start_ms=started, learners=running)
+                    continue
                 if granted_at is not None and time.time() - granted_at >= self.args.hold:
                     break
                 await asyncio.sleep(interval)
             for g in learners:
                 self.end(g.node_id, g.container_id)
+            done = pb.AttemptReport(attempt=1, state=pb.JOB_SUCCEEDED, start_ms=started,
+                                    end_ms=int(time.time() * 1000))
             await stub.FinishApplicationMaster(pb.FinishAMRequest(job_id=job_id, am_attempt=attempt,
-                                                                  final_state=pb.JOB_SUCCEEDED),
+                                                                  final_state=pb.JOB_SUCCEEDED, attempts=[done]),
                                                metadata=((AM_TOKEN_KEY, token),), timeout=30)
             self.stats.am_finished += 1
         except grpc.aio.AioRpcError as exc:

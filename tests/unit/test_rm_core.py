@@ -479,3 +479,44 @@ def test_gpus_held_for_a_job_go_to_others_once_it_is_gone() -> None:
     assert core.allocate(old, 1, 1, [Ask(gpus=8, node_id="n1")], [], [], 2202.0).grants == []
     core.kill(w, "alice", "", 2203.0)
     assert core.allocate(old, 1, 2, [Ask(gpus=8, node_id="n1")], [], [], 2204.0).grants
+
+
+def test_a_reply_held_for_the_deferred_pass_takes_its_grants_and_a_retry_gets_them_too() -> None:
+    core = cluster(2)
+    job = started_job(core, gpus=8)
+    asks = [Ask(gpus=8, node_id="n1")]
+    r = core.allocate(job, 1, 0, asks, [], [], 2.0, schedule=False)    # passes coalesced: none ran
+    assert r.grants == [] and core.waits_for_pass(job)
+    core.schedule(2.01)                                               # the deferred pass
+    assert not core.waits_for_pass(job)
+    late = core.late_grants(job, 1, r.response_id)
+    assert [g.node_id for g in late] == ["n1"] and [g.node_id for g in r.grants] == ["n1"]
+    assert core.allocate(job, 1, 0, asks, [], [], 2.1).grants == r.grants, "a retry of that call: same answer"
+    nxt = core.allocate(job, 1, r.response_id, asks, [], [], 2.2)
+    assert nxt.grants == [], "the grant went out once"
+    assert core.late_grants(job, 1, r.response_id) == [], "a later call was made: nothing moves into an old reply"
+
+
+def test_after_a_restart_nodes_have_the_resync_grace_not_one_expiry_and_losses_are_counted() -> None:
+    core = cluster(3)
+    job = started_job(core, gpus=8)
+    (g,) = core.allocate(job, 1, 0, [Ask(gpus=8, node_id="n2")], [], [], 2.0).grants
+    core.node_heartbeat("n2", "s2", [running(g.container_id)], 2.5)
+    again = restarted(core, now=10.0)
+    expiry = 1.0 * 3
+    grace = again.resync_until - 10.0
+    assert grace >= 60.0 and grace > 2 * expiry
+    am_node = again.jobs[job].am_container and again.containers[again.jobs[job].am_container].node_id
+    assert am_node == "n1"
+    again.register_node(reg("n3"), "t3", 11.0)                    # n3 comes back; n1 and n2 take their time
+    again.tick(10.0 + grace - 1)
+    assert {n: again.cluster.nodes[n].state.name for n in ("n1", "n2", "n3")} == {
+        "n1": "RUNNING", "n2": "RUNNING", "n3": "LOST"}, "a node that came back and then went silent is lost"
+    stops = again.register_node(reg("n2", containers=[running(g.container_id)]), "t2", 10.0 + grace - 0.5)
+    assert stops == [] and again.containers[g.container_id].phase is ContainerPhase.RUNNING
+    assert again.lost_nodes == 1 and again.lost_containers == 0
+    again.node_heartbeat("n2", "t2", [], 10.0 + grace + 0.5)
+    again.tick(10.0 + grace + 1)
+    assert again.cluster.nodes["n1"].state.name == "LOST", "past the grace, a node that never came back is lost"
+    assert again.cluster.nodes["n2"].state.name == "RUNNING"
+    assert again.lost_nodes == 2 and again.lost_containers == 1, "n1's AM went with it"
