@@ -124,17 +124,26 @@ class GrowingIndex(Generic[K]):
 
 
 class JobIndex:
-    """Jobs by submit sequence: all of them, per user and per queue (a filtered page scans only its part)."""
+    """Jobs by submit sequence: all of them, per user, per queue, and the unfinished ones (a filtered page scans
+    only its part). A job never leaves a terminal state, so `live` holds every unfinished job plus some that
+    ended since they were indexed; a scan skips those and `compact_live` drops them once they are many."""
 
     def __init__(self) -> None:
         self.all: GrowingIndex[int] = GrowingIndex(_seq)
         self.by_user: dict[str, GrowingIndex[int]] = {}
         self.by_queue: dict[str, GrowingIndex[int]] = {}
+        self.live: GrowingIndex[int] = GrowingIndex(_seq)
+
+    def compact_live(self, jobs: dict[str, Job]) -> None:
+        keep = [i for i, job_id in enumerate(self.live.ids) if not jobs[job_id].state.terminal]
+        self.live.sort_keys = [self.live.sort_keys[i] for i in keep]
+        self.live.ids = [self.live.ids[i] for i in keep]
 
     def sync(self, jobs: dict[str, Job]) -> None:
         if jobs is not self.all.source or len(jobs) < len(self.all):
             self.all.sync(jobs)                 # from scratch
             self.by_user, self.by_queue = {}, {}
+            self.live = GrowingIndex(_seq)
             fresh: list[tuple[str, Job]] = [(job_id, jobs[job_id]) for job_id in self.all.ids]
         else:
             new = len(jobs) - len(self.all)
@@ -147,6 +156,8 @@ class JobIndex:
         for job_id, job in fresh:
             self.by_user.setdefault(job.user, GrowingIndex(_seq)).add(job_id, job)
             self.by_queue.setdefault(job.queue, GrowingIndex(_seq)).add(job_id, job)
+            if not job.state.terminal:
+                self.live.add(job_id, job)
 
     def part(self, queue: str, user: str) -> GrowingIndex[int] | None:
         """The smallest index that holds every job the filters can match (None: no job can match)."""
@@ -197,22 +208,31 @@ def job_page(index: JobIndex, jobs: dict[str, Job], states: Iterable[JobState] =
 
     Ascending (oldest first): after the job of sequence `after`; with no `after`, from the oldest, or from the
     newest `newest` matching jobs when `newest` > 0. Descending (newest first): before `after`. A page scans only
-    the jobs it skips and returns (filters by user or queue scan only that user's or queue's jobs)."""
+    the jobs it skips and returns: a user or queue filter scans only that user's or queue's jobs, a filter on
+    unfinished states only the unfinished jobs."""
     index.sync(jobs)
     part = index.part(queue, user)
     if part is None:
         return [], None
+    states = frozenset(states)
+    live = bool(states) and not any(s.terminal for s in states) and part is index.all
+    if live:
+        part = index.live                   # only unfinished states asked for: scan the unfinished jobs
     match = job_filter(states, queue, user)
+    dead = 0                                # ended jobs still in `live`, skipped
     if not descending and after is None and newest > 0:
         # Find the start: the newest `newest` matching jobs, walked back from the newest.
         seen = 0
         start: int | None = None
         for job_id in part.after(None, descending=True):
-            if match(jobs[job_id]):
+            job = jobs[job_id]
+            if match(job):
                 seen += 1
-                start = jobs[job_id].seq
+                start = job.seq
                 if seen >= newest:
                     break
+            elif live and job.state.terminal:
+                dead += 1
         if start is None:
             return [], None
         after = start - 1
@@ -227,6 +247,10 @@ def job_page(index: JobIndex, jobs: dict[str, Job], states: Iterable[JobState] =
         last = job.seq
         if match(job):
             out.append(job)
+        elif live and job.state.terminal:
+            dead += 1
+    if live and dead > len(index.live) // 4 + 64:
+        index.compact_live(jobs)            # paid for by the scans that skipped them
     return out, (last if more else None)
 
 

@@ -147,6 +147,30 @@ def test_a_user_filtered_page_scans_only_that_users_jobs() -> None:
     assert index.count("a", "rare") is None and index.part("", "ghost") is None and index.count("", "ghost") == 0
 
 
+def test_unfinished_states_scan_only_the_unfinished_jobs_even_as_jobs_end() -> None:
+    jobs = {f"job-{i}": job(i, state=JobState.SUCCEEDED) for i in range(1, 1001)}
+    for i in (5, 500, 999):
+        jobs[f"job-{i}"].state = JobState.RUNNING
+    index = paging.JobIndex()
+    page, last = paging.job_page(index, jobs, [JobState.RUNNING, JobState.QUEUED], size=2)
+    assert [j.seq for j in page] == [5, 500] and last == 500 and len(index.live) == 3
+    jobs["job-500"].state = JobState.KILLED             # ends between two pages
+    jobs["job-1001"] = job(1001, state=JobState.QUEUED)
+    page, last = paging.job_page(index, jobs, [JobState.RUNNING, JobState.QUEUED], size=2, after=last)
+    assert [j.seq for j in page] == [999, 1001] and last is None
+    page, _ = paging.job_page(index, jobs, [JobState.RUNNING], size=10, newest=1)
+    assert [j.seq for j in page] == [999]
+    for i in range(1002, 1200):                          # many jobs that end: dropped from `live` as scans skip them
+        jobs[f"job-{i}"] = job(i)
+    paging.job_page(index, jobs, [JobState.QUEUED], size=10)
+    for i in range(1002, 1200):
+        jobs[f"job-{i}"].state = JobState.FAILED
+    page, _ = paging.job_page(index, jobs, [JobState.QUEUED, JobState.RUNNING], size=10)
+    assert [j.seq for j in page] == [5, 999, 1001] and len(index.live) == 3
+    ended, _ = paging.job_page(index, jobs, [JobState.KILLED], size=10)       # an ended state: every job
+    assert [j.seq for j in ended] == [500]
+
+
 def test_the_index_follows_the_dict_and_starts_over_for_a_new_one() -> None:
     jobs = jobs_of(5)
     index = paging.JobIndex()
