@@ -7,8 +7,8 @@ sequence), so records added between two pages never shift or repeat a row. A tok
 
 The indexes follow the core's dicts (`core.jobs`, `core.cluster.nodes`) without hooks in the core: both dicts
 only ever grow, and Python keeps a dict's insertion order, so what was added since the last page is the dict's
-tail; `sync` reads just that tail. A dict that shrank, or a new dict (the shell rebuilt its core from the store),
-is indexed again from scratch.
+tail; `sync` reads just that tail (and checks that it starts right after the last key it saw). A dict that lost
+keys, or a new dict (the shell rebuilt its core from the store), is indexed again from scratch.
 """
 
 from __future__ import annotations
@@ -83,22 +83,31 @@ class GrowingIndex(Generic[K]):
         self.source: dict[str, Any] | None = None
         self.sort_keys: list[K] = []
         self.ids: list[str] = []
+        self.last: str | None = None          # the source's last key when last synced
 
-    def sync(self, source: dict[str, Any]) -> None:
-        """Index what `source` gained since the last call (its tail), or all of it when it is another dict or
-        shrank."""
-        if source is not self.source or len(source) < len(self.ids):
-            self.source = source
-            pairs = sorted(((self.order(v), k) for k, v in source.items()), key=lambda p: p[0])
-            self.sort_keys = [p[0] for p in pairs]
-            self.ids = [p[1] for p in pairs]
-            return
-        new = len(source) - len(self.ids)
-        if new <= 0:
-            return
-        tail = list(itertools.islice(reversed(source.items()), new))
-        for k, v in reversed(tail):
-            self.add(k, v)
+    def sync(self, source: dict[str, Any]) -> list[tuple[str, Any]] | None:
+        """Index what `source` gained since the last call: its tail, checked to start right after the last key
+        indexed. Returns the (key, value) pairs added, or None when it indexed `source` from scratch (another
+        dict, or one that lost keys)."""
+        n = len(source)
+        if source is self.source and n >= len(self.ids):
+            new = n - len(self.ids)
+            tail = list(itertools.islice(reversed(source.items()), new + 1))    # the new pairs and the one before
+            before = tail[new][0] if len(tail) > new else None
+            if before == self.last:
+                tail = tail[:new]
+                tail.reverse()
+                for k, v in tail:
+                    self.add(k, v)
+                if tail:
+                    self.last = tail[-1][0]
+                return tail
+        self.source = source
+        pairs = sorted(((self.order(v), k) for k, v in source.items()), key=lambda p: p[0])
+        self.sort_keys = [p[0] for p in pairs]
+        self.ids = [p[1] for p in pairs]
+        self.last = next(reversed(source), None)
+        return None
 
     def add(self, dict_key: str, value: Any) -> None:
         key = self.order(value)
@@ -140,19 +149,11 @@ class JobIndex:
         self.live.ids = [self.live.ids[i] for i in keep]
 
     def sync(self, jobs: dict[str, Job]) -> None:
-        if jobs is not self.all.source or len(jobs) < len(self.all):
-            self.all.sync(jobs)                 # from scratch
+        fresh = self.all.sync(jobs)
+        if fresh is None:                       # indexed from scratch: the parts too
             self.by_user, self.by_queue = {}, {}
             self.live = GrowingIndex(_seq)
-            fresh: list[tuple[str, Job]] = [(job_id, jobs[job_id]) for job_id in self.all.ids]
-        else:
-            new = len(jobs) - len(self.all)
-            if new <= 0:
-                return
-            fresh = list(itertools.islice(reversed(jobs.items()), new))
-            fresh.reverse()
-            for job_id, job in fresh:
-                self.all.add(job_id, job)
+            fresh = [(job_id, jobs[job_id]) for job_id in self.all.ids]
         for job_id, job in fresh:
             self.by_user.setdefault(job.user, GrowingIndex(_seq)).add(job_id, job)
             self.by_queue.setdefault(job.queue, GrowingIndex(_seq)).add(job_id, job)

@@ -183,6 +183,22 @@ def test_the_index_follows_the_dict_and_starts_over_for_a_new_one() -> None:
     assert [j.job_id for j in page] == ["job-2", "job-6"]
 
 
+def test_the_index_notices_a_dict_that_lost_keys_even_when_it_also_grew() -> None:
+    jobs = jobs_of(6)
+    index = paging.JobIndex()
+    paging.job_page(index, jobs, size=100)
+    del jobs["job-2"]
+    jobs["job-7"] = job(7, user="dave")                  # as many jobs as before: only the tail tells
+    page, _ = paging.job_page(index, jobs, size=100)
+    assert [j.seq for j in page] == [1, 3, 4, 5, 6, 7]
+    del jobs["job-3"]
+    jobs["job-8"], jobs["job-9"] = job(8, user="dave"), job(9)
+    page, _ = paging.job_page(index, jobs, size=100)
+    assert [j.seq for j in page] == [1, 4, 5, 6, 7, 8, 9]
+    page, _ = paging.job_page(index, jobs, size=100, user="dave")
+    assert [j.seq for j in page] == [7, 8]
+
+
 # ---------------------------------------------------------------- nodes
 
 
