@@ -197,9 +197,11 @@ class ClientService(pbg.ClientServicer):
         jobs, last = paging.job_page(self.shell.pages.jobs, core.jobs, states, request.queue, request.user,
                                      size=size, after=after, newest=newest)
         who = identify(context)
+        total = self.shell.pages.jobs.count(request.queue, request.user)
         return pb.ListJobsResponse(
             jobs=pbviews.job_list(core, jobs, self.shell.usage, lambda j: self.shell.may_see(who, j)),
-            next_page_token=paging.encode_token(paging.JOBS_UP, last) if last is not None else "")
+            next_page_token=paging.encode_token(paging.JOBS_UP, last) if last is not None else "",
+            total=-1 if total is None or (states and total) else total)
 
     @rpc
     async def KillJob(self, request: pb.KillJobRequest, context: Ctx) -> pb.KillJobResponse:

@@ -115,7 +115,9 @@ def test_job_pages_list_every_job_once_oldest_first_and_filter(rm: RMProcess) ->
                             "jobs")
     assert [j.spec.name for j in bobs] == [f"p{i}" for i in range(0, JOBS, 3)]
     newest = rm.client.ListJobs(pb.ListJobsRequest(limit=5), timeout=10)
-    assert [j.spec.name for j in newest.jobs] == names[-5:] and not newest.next_page_token
+    assert [j.spec.name for j in newest.jobs] == names[-5:] and not newest.next_page_token and newest.total == JOBS
+    assert rm.client.ListJobs(pb.ListJobsRequest(user="bob", page_size=1), timeout=10).total == len(bobs)
+    assert rm.client.ListJobs(pb.ListJobsRequest(states=[pb.JOB_QUEUED], page_size=1), timeout=10).total == -1
     first = rm.client.ListJobs(pb.ListJobsRequest(limit=5, page_size=2), timeout=10)
     second = rm.client.ListJobs(pb.ListJobsRequest(limit=5, page_size=2, page_token=first.next_page_token), timeout=10)
     assert [j.spec.name for j in [*first.jobs, *second.jobs]] == names[-5:-1]
