@@ -7,7 +7,9 @@ heartbeat allows 5 minutes), and the jobs wait for AMs that never start, which i
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import subprocess
 import sys
 import urllib.error
@@ -67,13 +69,18 @@ def gpurm(rm: RMProcess, *args: str) -> str:
 
 
 def rest(rm: RMProcess, path: str) -> tuple[int, Any]:
+    status, text = get(rm, path)
+    return status, json.loads(text)
+
+
+def get(rm: RMProcess, path: str) -> tuple[int, str]:
     base = rm.client.GetClusterInfo(pb.ClusterInfoRequest(), timeout=10).http_url
     req = urllib.request.Request(base + path, headers={"X-Gpurm-User": "bob"})
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, json.loads(resp.read())
+            return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+        return exc.code, exc.read().decode()
 
 
 # ---------------------------------------------------------------- gRPC
@@ -199,3 +206,18 @@ def test_rest_lists_page_with_next_page_token(rm: RMProcess) -> None:
     assert status == 200 and len(body["queues"]) == 1
     status, body = rest(rm, "/api/v1/nodes?page_token=nope")
     assert status == 400 and "page_token" in json.dumps(body)
+
+
+def test_the_web_ui_jobs_page_links_to_the_next_page(rm: RMProcess) -> None:
+    path = "/jobs?limit=10"
+    shown: list[str] = []
+    for _ in range(5):
+        status, text = get(rm, path)
+        assert status == 200
+        shown += re.findall(r'<a href="/jobs/job-\d+">(job-\d+)</a>', text)
+        older = re.search(r'id="older" href="([^"]+)"', text)
+        if older is None:
+            break
+        path = html.unescape(older.group(1))
+        assert "page_token=" in path
+    assert shown == [f"job-{i}" for i in range(JOBS, 0, -1)]
