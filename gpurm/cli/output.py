@@ -17,7 +17,7 @@ from gpurm.queues.fields import format_duration
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], out: TextIO | None = None,
           max_last: int = 0) -> None:
     """Columns padded to their widest cell; the last column is left ragged (it holds free text)."""
-    StreamTable(headers, out, max_last).add(rows)
+    StreamTable(headers, out, max_last).add(rows, header_if_empty=True)
 
 
 class StreamTable:
@@ -33,7 +33,10 @@ class StreamTable:
         self.widths: list[int] | None = None
         self.rows = 0
 
-    def add(self, rows: Sequence[Sequence[object]]) -> None:
+    def add(self, rows: Sequence[Sequence[object]], header_if_empty: bool = False) -> None:
+        """Print a page of rows (an empty page prints nothing, not even the header, unless asked)."""
+        if not rows and (self.widths is not None or not header_if_empty):
+            return
         cells = [["" if c is None else str(c) for c in row] for row in rows]
         if self.max_last:
             for row in cells:

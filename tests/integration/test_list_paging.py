@@ -178,6 +178,8 @@ def test_gpurm_jobs_pages_through_limit_and_json(rm: RMProcess) -> None:
     assert [ln.split()[1] for ln in everything if ln.startswith("job-")] == [f"p{i}" for i in range(JOBS)]
     newest = gpurm(rm, "jobs", "--limit", "4", "--page-size", "3").splitlines()
     assert [ln.split()[1] for ln in newest if ln.startswith("job-")] == [f"p{i}" for i in range(JOBS - 4, JOBS)]
+    assert gpurm(rm, "jobs", "--user", "nobody") == "no jobs match\n"
+    assert json.loads(gpurm(rm, "jobs", "--user", "nobody", "-o", "json")) == []
     listed = json.loads(gpurm(rm, "jobs", "-o", "json", "--limit", "0", "--page-size", "2", "--user", "carol"))
     assert [j["spec"]["name"] for j in listed] == [f"p{i}" for i in range(JOBS) if i % 3]
 

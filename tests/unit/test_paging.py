@@ -295,7 +295,10 @@ def test_a_streamed_json_array_is_the_text_print_json_writes() -> None:
 def test_a_streamed_table_stays_aligned_and_repeats_the_header_when_a_page_is_wider() -> None:
     out = io.StringIO()
     t = StreamTable(["ID", "STATE", "NOTE"], out)
+    t.add([])                                   # an empty (filtered) page prints nothing
+    assert out.getvalue() == ""
     t.add([["n1", "RUNNING", "ok"], ["n2", "DOWN", "gone away"]])
+    t.add([])
     t.add([["n3", "RUNNING", "a much longer note than before"]])
     t.add([["node-with-a-long-id", "UP", ""]])
     lines = out.getvalue().splitlines()
