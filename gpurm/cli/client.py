@@ -12,7 +12,7 @@ import getpass
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
@@ -28,6 +28,11 @@ EXIT_UNREACHABLE = 3      # the RM could not be reached (after retrying for --re
 EXIT_NOT_FOUND = 4        # the job, queue or node named does not exist
 EXIT_DENIED = 5           # the RM refused who asks (not their job, not an admin, no certificate it accepts)
 T = TypeVar("T")
+# Replies are pages (ListNodes, ListJobs: at most 5,000 rows, a few MB); room above gRPC's 4 MB default for a
+# full page of big nodes, and for GetLogs' largest chunk.
+MAX_RECEIVE = 64 << 20
+MAX_PAGE = 5000           # the most rows the RM puts in a list page (rm/paging.py)
+CHANNEL_OPTIONS = (("grpc.max_receive_message_length", MAX_RECEIVE),)
 
 
 class CliError(Exception):
@@ -90,7 +95,7 @@ class RM:
             self.tls = tls.tls_from_env()
         except ConfigError as exc:
             raise CliError("; ".join(exc.problems)) from None
-        self.channel = tls.channel(address, self.tls, RECONNECT_OPTIONS)
+        self.channel = tls.channel(address, self.tls, RECONNECT_OPTIONS + CHANNEL_OPTIONS)
         self.client = pbg.ClientStub(self.channel)
         self.admin = pbg.AdminStub(self.channel)
         self.metadata = (("x-gpurm-user", current_user()),)
@@ -129,6 +134,19 @@ class RM:
             self.reached = True
             return reply
 
+    def pages(self, method: Callable[..., T], request: Any, limit: int = 0) -> Iterator[T]:
+        """Each reply of a paged list RPC (ListNodes, ListJobs, ListQueues), following next_page_token until the
+        last page, or until `limit` rows (0: all) came, counted by `rows_of`."""
+        seen = 0
+        while True:
+            reply = self.call(method, request)
+            yield reply
+            seen += rows_of(reply)
+            token = getattr(reply, "next_page_token", "")
+            if not token or (limit and seen >= limit):
+                return
+            request.page_token = token
+
     def translate(self, exc: grpc.RpcError, outage: Outage | None = None) -> CliError:
         code, details = _status(exc)
         if code is grpc.StatusCode.UNAVAILABLE and (details or "").startswith("the RM's store"):
@@ -153,6 +171,22 @@ class RM:
 
     def close(self) -> None:
         self.channel.close()
+
+
+def page_size_arg(args: argparse.Namespace, default: int) -> int:
+    """--page-size: rows per list request (the RM caps a page at MAX_PAGE)."""
+    size = int(getattr(args, "page_size", default))
+    if not 1 <= size <= MAX_PAGE:
+        raise CliError(f"--page-size: must be from 1 to {MAX_PAGE}, got {size}")
+    return size
+
+
+def rows_of(reply: Any) -> int:
+    """The rows a list reply holds: its one repeated list field (nodes, jobs, queues)."""
+    for name in ("nodes", "jobs", "queues"):
+        if hasattr(reply, name):
+            return len(getattr(reply, name))
+    return 0
 
 
 def _status(exc: grpc.RpcError) -> tuple[grpc.StatusCode | None, str]:

@@ -8,40 +8,60 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from gpurm.cli.client import CliError, connect
-from gpurm.cli.output import ago, message_dict, print_json, table
+from gpurm.cli.client import CliError, connect, page_size_arg
+from gpurm.cli.output import JsonArray, StreamTable, ago, message_dict, print_json, table
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rm.jobspec import share_text
 
 NODE_STATES = {v: k.removeprefix("NODE_") for k, v in pb.NodeState.items()}
 
 
+NODE_HEADERS = ["NODE", "RACK", "STATE", "FREE/GPUS", "MODEL", "CONTAINERS", "AGENT", "BEAT", "NOTE"]
+PAGE_SIZE = 500           # rows a list page asks for (the RM's default; each page is printed as it comes)
+
+
 def cmd_nodes(args: argparse.Namespace) -> int:
+    """Every node (or the first --limit), by node id, fetched and printed a page at a time."""
     rm = connect(args)
-    reply = rm.call(rm.client.ListNodes, pb.ListNodesRequest())
+    limit = getattr(args, "limit", 0) or 0
+    if limit < 0:
+        raise CliError(f"--limit: must be 0 (every node) or more, got {limit}")
+    size = page_size_arg(args, PAGE_SIZE)
+    request = pb.ListNodesRequest(page_size=min(limit, size) if limit else size)
+    pages = rm.pages(rm.client.ListNodes, request, limit)
     if args.output == "json":
-        print_json([message_dict(n) for n in reply.nodes])
-        return 0
-    if not reply.nodes:
-        print("no nodes have registered: start agents (`gpurm agent --config configs/agent.yaml`)")
+        with JsonArray() as out:
+            for reply in pages:
+                for n in reply.nodes[:limit - out.count if limit else None]:
+                    out.add(message_dict(n))
         return 0
     now = time.time()
-    rows = []
-    for n in reply.nodes:
-        models = sorted({g.model for g in n.gpus}) or ["-"]
-        unhealthy = [g.index for g in n.gpus if not g.healthy]
-        note = n.health_report or (f"unhealthy GPUs {unhealthy}" if unhealthy else "")
-        shared = shared_gpus(n)
-        if shared:
-            note = "; ".join(x for x in (note, f"shared {shared}") if x)
-        rows.append([n.node_id, n.rack, NODE_STATES.get(n.state, "?"), f"{n.gpus_free}/{n.gpus_total}",
-                     ",".join(models), n.containers, f"{n.host}:{n.agent_port}", ago(n.last_heartbeat_ms, now),
-                     note])
-    table(["NODE", "RACK", "STATE", "FREE/GPUS", "MODEL", "CONTAINERS", "AGENT", "BEAT", "NOTE"], rows, max_last=60)
-    free = sum(n.gpus_free for n in reply.nodes)
-    total = sum(n.gpus_total for n in reply.nodes)
-    print(f"{len(reply.nodes)} nodes, {free} of {total} GPUs free")
+    shown = free = total = known = 0
+    rows = StreamTable(NODE_HEADERS, max_last=60)
+    for reply in pages:
+        known = reply.total
+        nodes = list(reply.nodes[:limit - shown if limit else None])
+        rows.add([node_row(n, now) for n in nodes])
+        shown += len(nodes)
+        free += sum(n.gpus_free for n in nodes)
+        total += sum(n.gpus_total for n in nodes)
+    if not shown:
+        print("no nodes have registered: start agents (`gpurm agent --config configs/agent.yaml`)")
+        return 0
+    more = f" (the first {shown} of {known}: --limit)" if known > shown else ""
+    print(f"{shown} nodes{more}, {free} of {total} GPUs free")
     return 0
+
+
+def node_row(n: pb.NodeInfo, now: float) -> list[object]:
+    models = sorted({g.model for g in n.gpus}) or ["-"]
+    unhealthy = [g.index for g in n.gpus if not g.healthy]
+    note = n.health_report or (f"unhealthy GPUs {unhealthy}" if unhealthy else "")
+    shared = shared_gpus(n)
+    if shared:
+        note = "; ".join(x for x in (note, f"shared {shared}") if x)
+    return [n.node_id, n.rack, NODE_STATES.get(n.state, "?"), f"{n.gpus_free}/{n.gpus_total}", ",".join(models),
+            n.containers, f"{n.host}:{n.agent_port}", ago(n.last_heartbeat_ms, now), note]
 
 
 def shared_gpus(n: pb.NodeInfo) -> str:
@@ -63,7 +83,10 @@ def _amount(exact: float, whole: int) -> str:
 
 def cmd_queues(args: argparse.Namespace) -> int:
     rm = connect(args)
-    reply = rm.call(rm.client.ListQueues, pb.ListQueuesRequest())
+    reply = pb.ListQueuesResponse()
+    for page in rm.pages(rm.client.ListQueues, pb.ListQueuesRequest()):      # one page unless the tree is huge
+        reply.queues.extend(page.queues)
+        reply.capacity = page.capacity
     if args.output == "json":
         print_json({"capacity": reply.capacity, "queues": [message_dict(q) for q in reply.queues]})
         return 0

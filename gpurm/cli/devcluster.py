@@ -31,7 +31,7 @@ from gpurm.cli.client import CliError, current_user
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.fields import parse_duration
-from gpurm.rm import pki, tls
+from gpurm.rm import paging, pki, tls
 from gpurm.rm.identity import AM_PREFIX
 from gpurm.rm.tls import NODE_PREFIX, TLSConfig, load_tls
 from gpurm.rm.tokens import ClusterKeys, write_secret_file
@@ -220,7 +220,8 @@ class DevCluster:
                 if dead:
                     raise CliError(f"agent {dead[0].name} exited during start-up; its log {dead[0].log} ends:\n"
                                    f"{_tail(dead[0].log)}", code=1)
-                nodes = stub.ListNodes(pb.ListNodesRequest(), timeout=2).nodes
+                nodes = paging.fetch_all(lambda r: stub.ListNodes(r, timeout=2), pb.ListNodesRequest(page_size=5000),
+                                         "nodes")
                 up = sum(1 for n in nodes if n.state == pb.NODE_RUNNING and n.node_id in
                          {d.name for d in self.agents})
                 sys.stderr.write(f"\rwaiting for agents: {up}/{want} registered")

@@ -14,8 +14,19 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpurm.cli.client import RM, CliError, connect
-from gpurm.cli.output import Progress, ago, clock, message_dict, print_json, ranges, span, table
+from gpurm.cli.client import RM, CliError, connect, page_size_arg
+from gpurm.cli.output import (
+    JsonArray,
+    Progress,
+    StreamTable,
+    ago,
+    clock,
+    message_dict,
+    print_json,
+    ranges,
+    span,
+    table,
+)
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.fields import ConfigError, format_duration, parse_duration
@@ -186,39 +197,60 @@ def cmd_wait(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- jobs
 
 
+JOB_HEADERS = ["JOB", "NAME", "USER", "QUEUE", "STATE", "GPUS", "ATT", "TIME", "INFO"]
+PAGE_SIZE = 500           # jobs a ListJobs page asks for; each page is printed as it comes
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
+    """The newest --limit matching jobs (0: all), oldest first, fetched and printed a page at a time."""
     rm = connect(args)
+    if args.limit < 0:
+        raise CliError(f"--limit: must be 0 (every job) or more, got {args.limit}")
+    size = page_size_arg(args, PAGE_SIZE)
     states = [pb.JobState.Name(pb.JobState.Value(f"JOB_{s}")) for s in args.state]
-    reply = rm.call(rm.client.ListJobs, pb.ListJobsRequest(states=states, queue=args.queue or "",
-                                                           user=args.user or "", limit=args.limit))
+    limit = args.limit
+    request = pb.ListJobsRequest(states=states, queue=args.queue or "", user=args.user or "", limit=limit,
+                                 page_size=min(limit, size) if limit else size)
+    pages = rm.pages(rm.client.ListJobs, request, limit)
     if args.output == "json":
-        print_json([message_dict(j) for j in reply.jobs])
+        with JsonArray() as out:
+            for reply in pages:
+                for j in reply.jobs[:limit - out.count if limit else None]:
+                    out.add(message_dict(j))
         return 0
-    if not reply.jobs:
+    now = time.time()
+    shown = 0
+    preemptible = False
+    rows = StreamTable(JOB_HEADERS, max_last=70)
+    for reply in pages:
+        jobs = list(reply.jobs[:limit - shown if limit else None])
+        rows.add([job_row(j, now) for j in jobs])
+        shown += len(jobs)
+        preemptible = preemptible or any(j.preemptible for j in jobs)
+    if not shown:
         print("no jobs" + (" match" if (states or args.queue or args.user) else " yet: "
                            "submit one with `gpurm submit --gpus 1 -- CMD`"))
         return 0
-    now = time.time()
-    rows = []
-    for j in reply.jobs:
-        attempt = j.attempts[-1].attempt if j.attempts else 0
-        if j.state in TERMINAL:
-            elapsed = span(j.start_ms, j.finish_ms, now) if j.start_ms else "-"
-        elif j.state == pb.JOB_RUNNING:
-            elapsed = span(j.start_ms, 0, now)
-        else:
-            elapsed = "wait " + span(j.submit_ms, 0, now)
-        info = j.diagnostics if j.state in TERMINAL else j.waiting_reason
-        if j.state == pb.JOB_FAILED and j.exit_code:
-            info = f"exit {j.exit_code}: {info}"
-        gpus = gpus_text(j.spec) + ("*" if j.preemptible else "") + \
-            (" spread" if j.spec.placement == Placement.SPREAD.value else "")
-        rows.append([j.job_id, j.spec.name or "-", j.user, j.queue.removeprefix("root."), state_name(j.state),
-                     gpus, attempt or "-", elapsed, info])
-    table(["JOB", "NAME", "USER", "QUEUE", "STATE", "GPUS", "ATT", "TIME", "INFO"], rows, max_last=70)
-    if any(j.preemptible for j in reply.jobs):
+    if preemptible:
         print("* runs on borrowed GPUs beyond its queue's share: preemptible")
     return 0
+
+
+def job_row(j: pb.Job, now: float) -> list[object]:
+    attempt = j.attempts[-1].attempt if j.attempts else 0
+    if j.state in TERMINAL:
+        elapsed = span(j.start_ms, j.finish_ms, now) if j.start_ms else "-"
+    elif j.state == pb.JOB_RUNNING:
+        elapsed = span(j.start_ms, 0, now)
+    else:
+        elapsed = "wait " + span(j.submit_ms, 0, now)
+    info = j.diagnostics if j.state in TERMINAL else j.waiting_reason
+    if j.state == pb.JOB_FAILED and j.exit_code:
+        info = f"exit {j.exit_code}: {info}"
+    gpus = gpus_text(j.spec) + ("*" if j.preemptible else "") + \
+        (" spread" if j.spec.placement == Placement.SPREAD.value else "")
+    return [j.job_id, j.spec.name or "-", j.user, j.queue.removeprefix("root."), state_name(j.state), gpus,
+            attempt or "-", elapsed, info]
 
 
 # ---------------------------------------------------------------- status
@@ -366,9 +398,10 @@ def kill_targets(rm: RM, args: argparse.Namespace) -> list[str]:
                        "(gpurm kill --user alice --queue research.nlp --state QUEUED)")
     states = [pb.JobState.Name(pb.JobState.Value(f"JOB_{s}")) for s in args.state] or \
         [pb.JobState.Name(s) for s in LIVE_STATES]
-    reply = rm.call(rm.client.ListJobs, pb.ListJobsRequest(states=states, queue=args.queue or "",
-                                                           user=args.user or "", limit=KILL_SELECT_LIMIT))
-    return [j.job_id for j in reply.jobs]
+    request = pb.ListJobsRequest(states=states, queue=args.queue or "", user=args.user or "",
+                                 limit=KILL_SELECT_LIMIT, page_size=PAGE_SIZE)
+    return [j.job_id for reply in rm.pages(rm.client.ListJobs, request, KILL_SELECT_LIMIT) for j in reply.jobs
+            ][:KILL_SELECT_LIMIT]
 
 
 def confirm(question: str, assume_yes: bool) -> bool:

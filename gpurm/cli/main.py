@@ -91,14 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=0, help="give up after this many seconds (exit 1)")
     p.set_defaults(func=jobs.cmd_wait)
 
-    p = _sub(subs, "jobs", "list jobs", "  gpurm jobs\n  gpurm jobs --state RUNNING --queue research.nlp\n"
-                                        "  gpurm jobs -o json | jq '.[].job_id'")
+    p = _sub(subs, "jobs", "list jobs (oldest first; fetched and printed a page at a time)",
+             "  gpurm jobs\n  gpurm jobs --state RUNNING --queue research.nlp\n  gpurm jobs --limit 0 --user alice\n"
+             "  gpurm jobs -o json | jq '.[].job_id'")
     p.add_argument("--state", action="append", default=[], type=str.upper,
                    choices=("QUEUED", "ALLOCATING", "RUNNING", "SUCCEEDED", "FAILED", "KILLED"),
                    help="only jobs in this state (repeatable)")
     p.add_argument("--queue", help="only jobs of this queue")
     p.add_argument("--user", help="only jobs of this user")
-    p.add_argument("--limit", type=int, default=200, help="the most recent N jobs (default 200)")
+    p.add_argument("--limit", type=int, default=200, help="the most recent N matching jobs (default 200; 0: all)")
+    p.add_argument("--page-size", type=int, default=jobs.PAGE_SIZE, help="jobs per RM request (1-5000)")
     p.set_defaults(func=jobs.cmd_jobs)
 
     p = _sub(subs, "status", "show a job: state, attempts, placement, diagnostics",
@@ -143,7 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     acct.add_arguments(p)
     p.set_defaults(func=acct.cmd_acct)
 
-    p = _sub(subs, "nodes", "list nodes: rack, GPUs free/total, state", "  gpurm nodes\n  gpurm nodes -o json")
+    p = _sub(subs, "nodes", "list nodes by id: rack, GPUs free/total, state (fetched and printed a page at a time)",
+             "  gpurm nodes\n  gpurm nodes --limit 20\n  gpurm nodes -o json | jq '.[].node_id'")
+    p.add_argument("--limit", type=int, default=0, help="the first N nodes by id (default 0: all)")
+    p.add_argument("--page-size", type=int, default=cluster.PAGE_SIZE, help="nodes per RM request (1-5000)")
     p.set_defaults(func=cluster.cmd_nodes)
 
     p = _sub(subs, "queues", "show the queue tree: shares, usage, demand", "  gpurm queues")

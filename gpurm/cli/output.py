@@ -17,16 +17,69 @@ from gpurm.queues.fields import format_duration
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], out: TextIO | None = None,
           max_last: int = 0) -> None:
     """Columns padded to their widest cell; the last column is left ragged (it holds free text)."""
-    out = out or sys.stdout
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
-    if max_last:
-        for row in cells[1:]:
-            if len(row[-1]) > max_last:
-                row[-1] = row[-1][: max_last - 1] + "…"
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    for row in cells:
+    StreamTable(headers, out, max_last).add(rows, header_if_empty=True)
+
+
+class StreamTable:
+    """An aligned table printed a page of rows at a time (`gpurm nodes` and `gpurm jobs` print each page as it
+    comes): the first page sets the column widths; a later page with a wider cell widens its columns and prints
+    the header again above itself, so every block of rows stays aligned under a header without holding all rows.
+    The last column is left ragged (free text)."""
+
+    def __init__(self, headers: Sequence[str], out: TextIO | None = None, max_last: int = 0) -> None:
+        self.headers = [str(h) for h in headers]
+        self.out = out or sys.stdout
+        self.max_last = max_last
+        self.widths: list[int] | None = None
+        self.rows = 0
+
+    def add(self, rows: Sequence[Sequence[object]], header_if_empty: bool = False) -> None:
+        """Print a page of rows (an empty page prints nothing, not even the header, unless asked)."""
+        if not rows and (self.widths is not None or not header_if_empty):
+            return
+        cells = [["" if c is None else str(c) for c in row] for row in rows]
+        if self.max_last:
+            for row in cells:
+                if len(row[-1]) > self.max_last:
+                    row[-1] = row[-1][: self.max_last - 1] + "…"
+        n = len(self.headers)
+        need = [max([len(self.headers[i])] + [len(r[i]) for r in cells]) for i in range(n)]
+        if self.widths is None or any(need[i] > self.widths[i] for i in range(n - 1)):
+            self.widths = need if self.widths is None else [max(a, b) for a, b in zip(self.widths, need, strict=True)]
+            if self.rows:
+                self.out.write("\n")
+            self._line(self.headers)
+        for row in cells:
+            self._line(row)
+        self.rows += len(cells)
+        self.out.flush()
+
+    def _line(self, row: Sequence[str]) -> None:
+        widths = self.widths or []
         line = "  ".join(c.ljust(widths[i]) if i < len(row) - 1 else c for i, c in enumerate(row))
-        out.write(line.rstrip() + "\n")
+        self.out.write(line.rstrip() + "\n")
+
+
+class JsonArray:
+    """One JSON array written an item at a time (a listing printed as its pages come): the same text
+    `print_json` writes for the whole list, without holding it. Use as a context manager: `]` closes the array
+    even when a later page fails (the error goes to stderr), so stdout stays one valid JSON document."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out or sys.stdout
+        self.count = 0
+
+    def __enter__(self) -> JsonArray:
+        return self
+
+    def add(self, value: Any) -> None:
+        text = to_json(value)
+        self.out.write(("[\n" if not self.count else ",\n") + "\n".join("  " + ln for ln in text.split("\n")))
+        self.count += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.out.write("[]\n" if not self.count else "\n]\n")
+        self.out.flush()
 
 
 def to_json(value: Any) -> str:

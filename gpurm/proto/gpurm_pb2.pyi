@@ -792,16 +792,20 @@ class GetJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("states", "queue", "user", "limit")
+    __slots__ = ("states", "queue", "user", "limit", "page_size", "page_token")
     STATES_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     states: _containers.RepeatedScalarFieldContainer[JobState]
     queue: str
     user: str
     limit: int
-    def __init__(self, states: _Optional[_Iterable[_Union[JobState, str]]] = ..., queue: _Optional[str] = ..., user: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, states: _Optional[_Iterable[_Union[JobState, str]]] = ..., queue: _Optional[str] = ..., user: _Optional[str] = ..., limit: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class AccountingRequest(_message.Message):
     __slots__ = ("by", "since_ms", "until_ms", "users", "queues")
@@ -863,10 +867,14 @@ class AccountingResponse(_message.Message):
     def __init__(self, rows: _Optional[_Iterable[_Union[AccountingRow, _Mapping]]] = ..., total: _Optional[_Union[AccountingRow, _Mapping]] = ..., since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
-    __slots__ = ("jobs",)
+    __slots__ = ("jobs", "next_page_token", "total")
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[Job]
-    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    total: int
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., total: _Optional[int] = ...) -> None: ...
 
 class KillJobRequest(_message.Message):
     __slots__ = ("job_id", "reason")
@@ -929,14 +937,22 @@ class GetLogsResponse(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., next_offset: _Optional[int] = ..., size: _Optional[int] = ..., container_id: _Optional[str] = ..., node_id: _Optional[str] = ..., container_done: _Optional[bool] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
-    __slots__ = ("nodes",)
+    __slots__ = ("nodes", "next_page_token", "total")
     NODES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    total: int
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., total: _Optional[int] = ...) -> None: ...
 
 class QueueInfo(_message.Message):
     __slots__ = ("path", "weight", "min_gpus", "max_gpus", "steady_share", "instantaneous_share", "used_gpus", "pending_gpus", "running_jobs", "queued_jobs", "leaf", "preemptible", "policy", "max_running_jobs", "starved_since_ms", "used", "pending")
@@ -977,16 +993,24 @@ class QueueInfo(_message.Message):
     def __init__(self, path: _Optional[str] = ..., weight: _Optional[float] = ..., min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., steady_share: _Optional[int] = ..., instantaneous_share: _Optional[int] = ..., used_gpus: _Optional[int] = ..., pending_gpus: _Optional[int] = ..., running_jobs: _Optional[int] = ..., queued_jobs: _Optional[int] = ..., leaf: _Optional[bool] = ..., preemptible: _Optional[bool] = ..., policy: _Optional[str] = ..., max_running_jobs: _Optional[int] = ..., starved_since_ms: _Optional[int] = ..., used: _Optional[float] = ..., pending: _Optional[float] = ...) -> None: ...
 
 class ListQueuesRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListQueuesResponse(_message.Message):
-    __slots__ = ("queues", "capacity")
+    __slots__ = ("queues", "capacity", "next_page_token", "total")
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
     queues: _containers.RepeatedCompositeFieldContainer[QueueInfo]
     capacity: int
-    def __init__(self, queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., capacity: _Optional[int] = ...) -> None: ...
+    next_page_token: str
+    total: int
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., capacity: _Optional[int] = ..., next_page_token: _Optional[str] = ..., total: _Optional[int] = ...) -> None: ...
 
 class ClusterInfoRequest(_message.Message):
     __slots__ = ()

@@ -136,22 +136,37 @@ class AMLauncher:
         heapq.heapify(by_load)
         return by_load
 
-    def queued_reason(self, job: Job) -> str:
-        """Why a job has no AM yet (computed when asked, so a long backlog costs nothing while it waits)."""
-        if not any(n.offering for n in self.cluster.nodes.values()):
-            return "waiting for a node to run its AM: no node is up"
+    def wait_context(self) -> tuple[bool, int, dict[str, int]]:
+        """What `queued_reason` reads of the whole cluster: (some node offers room for an AM, jobs acquiring GPUs
+        cluster-wide, per queue). A listing computes it once for a page of jobs, not once per job."""
         active, acquiring = self.counts()
+        return any(n.offering for n in self.cluster.nodes.values()), active, acquiring
+
+    def queued_reason(self, job: Job, context: tuple[bool, int, dict[str, int]] | None = None) -> str:
+        """Why a job has no AM yet (computed when asked, so a long backlog costs nothing while it waits).
+        `context`: a `wait_context()` to reuse (else computed here)."""
+        offering, active, acquiring = context if context is not None else self.wait_context()
+        if not offering:
+            return "waiting for a node to run its AM: no node is up"
         if not job.admitted:
             full = self.running_limit(job)
             if full:
                 return full
             if acquiring.get(job.queue, 0) >= self.max_acquiring_per_queue:
-                ahead = sum(1 for k in self.needs_am.get(job.queue, ()) if k[1] < job.seq)
+                ahead = self.ahead(job)
                 return (f"waiting behind {acquiring[job.queue]} jobs acquiring GPUs in "
                         f"{job.queue.removeprefix('root.')}" + (f" ({ahead} more queued ahead)" if ahead else ""))
             if active >= self.max_active:
                 return f"waiting for an AM slot: {active} jobs are acquiring GPUs cluster-wide"
         return job.waiting_reason or "waiting for its AM to start"
+
+    def ahead(self, job: Job) -> int:
+        """Jobs of the job's queue waiting for an AM that were submitted before it (O(log n): two bisections)."""
+        entries = self.needs_am.get(job.queue)
+        if entries is None:
+            return 0
+        restarts = entries.rank((0, job.seq, ""))           # restarts (0, seq, id) submitted earlier
+        return restarts + entries.rank((1, job.seq, "")) - entries.rank((1, -1, ""))
 
     def running_limit(self, job: Job) -> str:
         """Why the job's queues admit no more running jobs (`max_running_jobs`), or ""."""

@@ -46,6 +46,7 @@ from gpurm.rm.messages import ErrorCode, JobChanged, LaunchAM, RequestError
 from gpurm.rm.metrics import RMMetrics
 from gpurm.rm.model import Container, ContainerKind, Job
 from gpurm.rm.netcheck import listen_problem
+from gpurm.rm.paging import ListIndexes
 from gpurm.rm.persist import RETRY_S, Persister, rebuild_core
 from gpurm.rm.service import AdminService, AMService, ClientService, DecodeGuard, TrackerService
 from gpurm.rm.statedir import StateDirBusy, StateDirLock, rotate_backup
@@ -114,6 +115,7 @@ class RMShell:
         self.streams: dict[str, asyncio.Queue[pb.HeartbeatResponse | None]] = {}
         self.usage: dict[str, str] = {}
         self.rightsize: dict[str, str] = {}   # phases and recommended request per container (ContainerUsage)
+        self.pages = ListIndexes()            # the sorted keys list pages start from (rm/paging.py)
         self.telemetry = TelemetryBook()      # each node's latest GPU reading and a short history (web UI)
         self.http_url = ""                    # the web UI's address once it serves ("" = off)
         # Extra HTTP routes (e.g. /metrics) registered before run(): each gets the aiohttp app and this shell.

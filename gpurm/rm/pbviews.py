@@ -4,11 +4,12 @@ cluster view, the queue table. Pure functions of the core's records and `now`; t
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.rm import convert
+from gpurm.rm import convert, paging, views
 from gpurm.rm.core import RMCore
+from gpurm.rm.messages import ErrorCode, RequestError
 from gpurm.rm.model import Job
 
 HIDDEN = "(hidden)"        # an env value shown to someone who is not the job's owner or an admin
@@ -22,17 +23,18 @@ def cluster_view(core: RMCore, epoch: int, now: float) -> pb.ClusterView:
 
 def job(core: RMCore, record: Job, usage: Mapping[str, str], *, full: bool = True,
         preemptible_jobs: set[str] | None = None, private: bool = True,
-        rightsize: Mapping[str, str] | None = None) -> pb.Job:
+        rightsize: Mapping[str, str] | None = None,
+        waiting: tuple[bool, int, dict[str, int]] | None = None) -> pb.Job:
     """`private`: whether the asker may see env values (else each shows as HIDDEN). `full`: every attempt's
     learners (else only the last attempt's). `usage`: the latest usage summary by container id; `rightsize`: the
-    latest phase summary by container id."""
+    latest phase summary by container id; `waiting`: an `ams.wait_context()` shared by a listing."""
     live = core.job_containers(record.job_id)
     if preemptible_jobs is None and not record.state.terminal:
         preemptible_jobs = core.preemptible_jobs()
     preemptible = record.job_id in (preemptible_jobs or set())
     msg = convert.job_to_pb(record, gpus_held=sum(c.gpus for c in live), live_containers=len(live),
                             preemptible=preemptible)
-    msg.waiting_reason = core.why_waiting(record)
+    msg.waiting_reason = views.why_waiting(record, core.ams, core.apps, waiting)
     if not private:
         for name in msg.spec.env:
             msg.spec.env[name] = HIDDEN
@@ -50,13 +52,35 @@ def job(core: RMCore, record: Job, usage: Mapping[str, str], *, full: bool = Tru
     return msg
 
 
-def queues(core: RMCore) -> pb.ListQueuesResponse:
+def job_list(core: RMCore, records: Sequence[Job], usage: Mapping[str, str], may_see: Callable[[Job], bool]
+             ) -> list[pb.Job]:
+    """A page of jobs as ListJobs shows them (the last attempt's learners only). What each job's view reads of
+    the whole cluster (which jobs run on borrowed GPUs, the AM launcher's counts) is computed once per page, and
+    only when a job on the page needs it: a page costs O(page), not O(page x jobs)."""
+    live = [r for r in records if not r.state.terminal]
+    flagged = core.preemptible_jobs() if any(core.live_count(r.job_id) for r in live) else set()
+    waiting = core.ams.wait_context() if any(r.job_id not in core.ams.with_am for r in live) else None
+    return [job(core, r, usage, full=False, preemptible_jobs=flagged, private=may_see(r), waiting=waiting)
+            for r in records]
+
+
+def queues(core: RMCore, size: int = 0, after: str | None = None) -> pb.ListQueuesResponse:
+    """The queue table in tree order: `size` queues (0: all) after the queue `after` (None: from the root)."""
     capacity = core.cluster.capacity
     book = core.queues
     shares = book.shares(capacity)
-    stats = core.queue_stats()
+    stats = views.queue_stats_of(views.unfinished(core.jobs, core.ams), book.tree)   # O(unfinished jobs)
+    walk = list(book.tree.walk())
+    start = 0
+    if after is not None:
+        found = [i for i, q in enumerate(walk) if q.path == after]
+        if not found:
+            raise RequestError(ErrorCode.INVALID_ARGUMENT, f"page_token: queue {after[:128]} is no longer in the "
+                                                           "queue tree (the config changed): list from the start")
+        start = found[0] + 1
+    end = len(walk) if size <= 0 else min(len(walk), start + size)
     out = []
-    for q in book.tree.walk():
+    for q in walk[start:end]:
         running, queued = stats.get(q.path, (0, 0))
         used = book.used.get(q.path, 0)
         starving = book.starvation.get(q.path)
@@ -71,4 +95,6 @@ def queues(core: RMCore) -> pb.ListQueuesResponse:
             policy=q.effective_policy.value if q.leaf else "",
             max_running_jobs=-1 if q.max_running_jobs is None else q.max_running_jobs,
             starved_since_ms=convert.ms(since)))
-    return pb.ListQueuesResponse(queues=out, capacity=capacity)
+    more = end < len(walk) and end > start
+    return pb.ListQueuesResponse(queues=out, capacity=capacity, total=len(walk),
+                                 next_page_token=paging.encode_token(paging.QUEUES, walk[end - 1].path) if more else "")

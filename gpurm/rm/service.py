@@ -17,7 +17,7 @@ from google.protobuf.message import DecodeError
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.fields import ConfigError
-from gpurm.rm import accounting, convert, resync, tls
+from gpurm.rm import accounting, convert, paging, pbviews, resync, tls
 from gpurm.rm.identity import AM_TOKEN_KEY, USER_KEY, Caller, CallerKind, identify, metadata
 from gpurm.rm.jobspec import spec_from_proto
 from gpurm.rm.messages import ErrorCode, HeartbeatAction, RequestError
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["AM_TOKEN_KEY", "USER_KEY"]
-MAX_LIST = 10000
 MAX_DETAILS = 2000   # bytes of a status message (percent-encoded, at most ~3x that on the wire)
 
 _CODES = {
@@ -206,12 +205,18 @@ class ClientService(pbg.ClientServicer):
     @rpc
     async def ListJobs(self, request: pb.ListJobsRequest, context: Ctx) -> pb.ListJobsResponse:
         states = [convert.JOB_STATE_FROM_PB[s] for s in request.states if s in convert.JOB_STATE_FROM_PB]
-        limit = min(request.limit, MAX_LIST) if request.limit > 0 else MAX_LIST
-        jobs = self.shell.core.list_jobs(states, request.queue, request.user, limit)
-        flagged = self.shell.core.preemptible_jobs()
+        after = paging.decode_seq(paging.JOBS_UP, request.page_token) if request.page_token else None
+        newest = max(request.limit, 0)
+        size = paging.page_size(request.page_size, min(newest, paging.MAX_PAGE) or paging.DEFAULT_JOBS)
+        core = self.shell.core
+        jobs, last = paging.job_page(self.shell.pages.jobs, core.jobs, states, request.queue, request.user,
+                                     size=size, after=after, newest=newest)
         who = identify(context)
-        return pb.ListJobsResponse(jobs=[self.shell.job_pb(j, full=False, preemptible_jobs=flagged,
-                                                           private=self.shell.may_see(who, j)) for j in jobs])
+        total = self.shell.pages.jobs.count(request.queue, request.user)
+        return pb.ListJobsResponse(
+            jobs=pbviews.job_list(core, jobs, self.shell.usage, lambda j: self.shell.may_see(who, j)),
+            next_page_token=paging.encode_token(paging.JOBS_UP, last) if last is not None else "",
+            total=-1 if total is None or (states and total) else total)
 
     @rpc
     async def KillJob(self, request: pb.KillJobRequest, context: Ctx) -> pb.KillJobResponse:
@@ -239,13 +244,19 @@ class ClientService(pbg.ClientServicer):
     @rpc
     async def ListNodes(self, request: pb.ListNodesRequest, context: Ctx
                         ) -> pb.ListNodesResponse:
-        nodes = sorted(self.shell.core.cluster.nodes.values(), key=lambda n: n.node_id)
-        return pb.ListNodesResponse(nodes=[convert.node_to_pb(n) for n in nodes])
+        after = paging.decode_token(paging.NODES, request.page_token) if request.page_token else None
+        size = paging.page_size(request.page_size, paging.DEFAULT_NODES)
+        nodes = self.shell.core.cluster.nodes
+        page, last = self.shell.pages.nodes.page(nodes, size, after)
+        return pb.ListNodesResponse(nodes=[convert.node_to_pb(n) for n in page], total=len(nodes),
+                                    next_page_token=paging.encode_token(paging.NODES, last) if last else "")
 
     @rpc
     async def ListQueues(self, request: pb.ListQueuesRequest, context: Ctx
                          ) -> pb.ListQueuesResponse:
-        return self.shell.queues_pb()
+        after = paging.decode_token(paging.QUEUES, request.page_token) if request.page_token else None
+        size = paging.page_size(request.page_size, paging.DEFAULT_QUEUES)
+        return pbviews.queues(self.shell.core, size, after)
 
     @rpc
     async def GetClusterInfo(self, request: pb.ClusterInfoRequest, context: Ctx

@@ -45,6 +45,10 @@ class SortedKeys(Generic[K]):
         """The `n` smallest keys, a copy."""
         return self._keys[:n]
 
+    def rank(self, key: K) -> int:
+        """How many keys are < `key` (O(log n))."""
+        return bisect.bisect_left(self._keys, key)
+
     def from_key(self, low: K) -> Iterator[K]:
         """Keys >= `low`, ascending. The index must not change while this is iterated."""
         keys = self._keys

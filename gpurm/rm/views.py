@@ -5,7 +5,7 @@ Computed when asked; nothing here changes a record.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from gpurm.queues.tree import QueueTree
 from gpurm.rm.amlaunch import AMLauncher
@@ -26,8 +26,26 @@ def list_jobs(jobs: Mapping[str, Job], states: Iterable[JobState] = (), queue: s
 
 def queue_stats(jobs: Mapping[str, Job], tree: QueueTree) -> dict[str, tuple[int, int]]:
     """Per queue (ancestors included): (running jobs, queued jobs)."""
+    return queue_stats_of(jobs.values(), tree)
+
+
+def unfinished(jobs: Mapping[str, Job], ams: AMLauncher) -> Iterator[Job]:
+    """The unfinished jobs, from the AM launcher's indexes (each has a live AM or waits for one) rather than a
+    walk of every job ever submitted."""
+    ids = dict.fromkeys(ams.with_am)
+    for entries in ams.needs_am.values():
+        for key in entries:
+            ids[key[2]] = None
+    for job_id in ids:
+        job = jobs.get(job_id)
+        if job is not None and not job.state.terminal:
+            yield job
+
+
+def queue_stats_of(jobs: Iterable[Job], tree: QueueTree) -> dict[str, tuple[int, int]]:
+    """Per queue (ancestors included): (running jobs, queued jobs) of `jobs` (terminal ones are skipped)."""
     stats: dict[str, list[int]] = {}
-    for job in jobs.values():
+    for job in jobs:
         if job.state.terminal:
             continue
         q = tree.by_path.get(job.queue)
@@ -37,12 +55,14 @@ def queue_stats(jobs: Mapping[str, Job], tree: QueueTree) -> dict[str, tuple[int
     return {k: (v[0], v[1]) for k, v in stats.items()}
 
 
-def why_waiting(job: Job, ams: AMLauncher, apps: Mapping[str, AppState]) -> str:
-    """Why an unfinished job waits: its AM's account, and the RM's when the RM holds it back."""
+def why_waiting(job: Job, ams: AMLauncher, apps: Mapping[str, AppState],
+                context: tuple[bool, int, dict[str, int]] | None = None) -> str:
+    """Why an unfinished job waits: its AM's account, and the RM's when the RM holds it back. `context`: an
+    `ams.wait_context()` shared by the jobs of one listing."""
     if job.state.terminal:
         return ""
     if job.job_id not in ams.with_am:
-        return ams.queued_reason(job)
+        return ams.queued_reason(job, context)
     app = apps.get(job.job_id)
     rm_reason = f"RM: {app.app.blocked}" if app is not None and app.app.blocked else ""
     return "; ".join(x for x in (job.waiting_reason, rm_reason) if x)

@@ -32,6 +32,7 @@ from pathlib import Path
 import grpc
 
 from gpurm.proto import gpurm_pb2 as pb
+from gpurm.rm import paging
 from tests.conftest import TestBroker, run_broker
 from tests.integration.harness import alive
 from tests.integration.rmproc import TERMINAL, AgentProcess, RMProcess, kill_group
@@ -151,9 +152,10 @@ class Chaos:
                 time.sleep(0.3)
 
     def jobs(self) -> dict[str, pb.Job]:
-        reply = self.call(lambda: self.rm.client.ListJobs(pb.ListJobsRequest(), timeout=10))
-        assert isinstance(reply, pb.ListJobsResponse)
-        return {j.job_id: j for j in reply.jobs}
+        listed = self.call(lambda: paging.fetch_all(lambda r: self.rm.client.ListJobs(r, timeout=10),
+                                                     pb.ListJobsRequest(), "jobs"))
+        assert isinstance(listed, list)
+        return {j.job_id: j for j in listed}
 
     def wait_running(self, min_running: int, until: float) -> None:
         while time.monotonic() < until:

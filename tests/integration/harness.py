@@ -18,6 +18,7 @@ import grpc
 
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
+from gpurm.rm import paging
 from tests.conftest import TestBroker, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,7 +125,7 @@ class DevCluster:
         return [pid for pid, pgid in process_groups() if pgid in pgids]
 
     def nodes(self) -> list[pb.NodeInfo]:
-        return list(self.client.ListNodes(pb.ListNodesRequest(), timeout=10).nodes)
+        return paging.fetch_all(lambda r: self.client.ListNodes(r, timeout=10), pb.ListNodesRequest(), "nodes")
 
     def stop(self) -> int:
         self.channel.close()

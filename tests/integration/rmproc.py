@@ -26,7 +26,7 @@ import yaml
 
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.rm import tls
+from gpurm.rm import paging, tls
 from gpurm.rm.service import USER_KEY
 from gpurm.rm.tls import TLSConfig
 from gpurm.rm.tokens import ClusterKeys, TokenKey, am_token, join_proof, sign_container, write_secret_file
@@ -195,7 +195,8 @@ class RMProcess:
     # ------------------------------------------------------------ the Client and Admin services
 
     def nodes(self) -> dict[str, pb.NodeInfo]:
-        return {n.node_id: n for n in self.client.ListNodes(pb.ListNodesRequest(), timeout=10).nodes}
+        return {n.node_id: n for n in paging.fetch_all(lambda r: self.client.ListNodes(r, timeout=10),
+                                                        pb.ListNodesRequest(), "nodes")}
 
     def view(self) -> pb.ClusterView:
         view: pb.ClusterView = self.client.GetClusterView(pb.GetClusterViewRequest(), timeout=10)

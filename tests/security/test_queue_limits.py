@@ -12,6 +12,7 @@ import pytest
 
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.queues.config import MAX_ACL_ENTRIES, MAX_DEPTH, MAX_NAME, MAX_QUEUES, MAX_YAML_BYTES
+from gpurm.rm import paging
 from tests.conftest import TestBroker
 from tests.integration.rmproc import RMProcess
 
@@ -44,7 +45,8 @@ def refresh(rm: RMProcess, text: str) -> pb.RefreshQueuesResponse:
 
 
 def queue_paths(rm: RMProcess) -> list[str]:
-    return [q.path for q in rm.client.ListQueues(pb.ListQueuesRequest(), timeout=30).queues]
+    return [q.path for q in paging.fetch_all(lambda r: rm.client.ListQueues(r, timeout=30), pb.ListQueuesRequest(),
+                                             "queues")]
 
 
 @pytest.mark.parametrize(("text", "named"), [

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.queues.fields import ConfigError
-from gpurm.rm import convert
+from gpurm.rm import convert, paging, pbviews
 from gpurm.rm.cluster import SHARED, NodeState
 from gpurm.rm.http import openapi
 from gpurm.rm.http.jsonview import to_json
@@ -35,6 +35,7 @@ MTLS: web.AppKey[bool] = web.AppKey("mtls")
 CALLER: web.RequestKey[Caller] = web.RequestKey("caller", Caller)     # who asks, set by the server's middleware
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
+MAX_OFFSET = 100_000        # `offset` scans the jobs it skips: `page_token` is the way to page far
 TAIL_BYTES = 8192           # a log tail on the job page
 MAX_LOG_BYTES = 1 << 20
 STATES = {s.name: s for s in JobState}
@@ -122,27 +123,29 @@ def cluster_summary(shell: RMShell, who: Caller) -> dict[str, Any]:
 
 
 def job_list(shell: RMShell, who: Caller, states: list[JobState], queue: str, user: str, limit: int,
-             cursor: str = "", offset: int = 0) -> dict[str, Any]:
-    """Jobs newest first, filtered as gRPC ListJobs filters them, a page at a time: after `cursor` (the
-    `next_cursor` of the page before) or from `offset`."""
+             cursor: str = "", offset: int = 0, page_token: str = "") -> dict[str, Any]:
+    """Jobs newest first, filtered as gRPC ListJobs filters them, a page at a time: after `page_token` (the
+    `next_page_token` of the page before; `cursor`, the older `next_cursor`, works too) or, scanning, from
+    `offset`. A page costs what it skips and returns (rm/paging.py), never a walk of every job."""
     core = shell.core
-    found = core.list_jobs(states, queue, user, 0)
-    found.reverse()
-    if cursor:
-        try:
-            before = int(cursor)
-        except ValueError:
-            raise bad("cursor", f"not a cursor this API returned: {cursor[:40]!r}") from None
-        found_page = [j for j in found if j.seq < before]
-    else:
-        found_page = found[offset:]
-    page = found_page[:limit]
-    flagged = core.preemptible_jobs()
-    more = len(found_page) > limit
-    return {"jobs": [to_json(shell.job_pb(j, full=False, preemptible_jobs=flagged, private=shell.may_see(who, j)))
-                     for j in page],
-            "total": len(found), "limit": limit, "offset": 0 if cursor else offset,
-            "next_cursor": str(page[-1].seq) if more and page else None}
+    before: int | None = None
+    if page_token:
+        before = paging.decode_seq(paging.JOBS_DOWN, page_token)
+    elif cursor:
+        if not cursor.isdigit() or len(cursor) > 18:
+            raise bad("cursor", f"not a cursor this API returned: {cursor[:40]!r}")
+        before = int(cursor)
+    index = shell.pages.jobs
+    found, last = paging.job_page(index, core.jobs, states, queue, user, size=offset + limit, after=before,
+                                  descending=True)
+    page = found[offset:]
+    total = index.count(queue, user)
+    if states and total:
+        total = None                      # counting by state would walk every job: not for a page
+    token = paging.encode_token(paging.JOBS_DOWN, last) if last is not None else None
+    return {"jobs": [to_json(j) for j in pbviews.job_list(core, page, shell.usage, lambda j: shell.may_see(who, j))],
+            "total": total, "limit": limit, "offset": 0 if before is not None else offset,
+            "next_page_token": token, "next_cursor": str(last) if last is not None else None}
 
 
 def job_detail(shell: RMShell, who: Caller, job_id: str) -> dict[str, Any]:
@@ -180,8 +183,21 @@ def node_detail(shell: RMShell, node_id: str) -> dict[str, Any]:
     return out
 
 
-def queue_list(shell: RMShell) -> dict[str, Any]:
-    return to_json(shell.queues_pb())
+def queue_list(shell: RMShell, limit: int = 0, page_token: str = "") -> dict[str, Any]:
+    """The queue table in tree order, `limit` queues (0: all) after `page_token`."""
+    after = paging.decode_token(paging.QUEUES, page_token) if page_token else None
+    out = to_json(pbviews.queues(shell.core, limit, after))
+    out["next_page_token"] = out.get("next_page_token") or None
+    return out
+
+
+def node_list(shell: RMShell, limit: int, page_token: str = "") -> dict[str, Any]:
+    """Nodes by node id, `limit` after `page_token` (key-set paging: O(page + log n))."""
+    after = paging.decode_token(paging.NODES, page_token) if page_token else None
+    nodes = shell.core.cluster.nodes
+    page, last = shell.pages.nodes.page(nodes, limit, after)
+    return {"nodes": [to_json(convert.node_to_pb(n)) for n in page], "total": len(nodes), "limit": limit,
+            "next_page_token": paging.encode_token(paging.NODES, last) if last else None}
 
 
 async def read_json(request: web.Request, required: bool = True) -> dict[str, Any]:
@@ -207,13 +223,16 @@ async def get_cluster(request: web.Request) -> web.Response:
 
 async def list_jobs(request: web.Request) -> web.Response:
     cursor = request.query.get("cursor", "")
-    offset = int_param(request, "offset", 0, 0, 10**9)
+    token = request.query.get("page_token", "")
+    offset = int_param(request, "offset", 0, 0, MAX_OFFSET)
     if cursor and offset:
         raise bad("cursor", "give cursor or offset, not both")
+    if token and (offset or cursor):
+        raise bad("page_token", "give page_token, cursor or offset, not two of them")
     limit = int_param(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
     return web.json_response(job_list(shell_of(request), caller(request), states_param(request),
                                       request.query.get("queue", "")[:256], request.query.get("user", "")[:64],
-                                      limit, cursor[:40], offset))
+                                      limit, cursor[:40], offset, token[:2048]))
 
 
 async def get_job(request: web.Request) -> web.Response:
@@ -274,8 +293,8 @@ async def job_utilisation_route(request: web.Request) -> web.Response:
 
 
 async def list_nodes(request: web.Request) -> web.Response:
-    nodes = sorted(shell_of(request).core.cluster.nodes.values(), key=lambda n: n.node_id)
-    return web.json_response({"nodes": [to_json(convert.node_to_pb(n)) for n in nodes]})
+    limit = int_param(request, "limit", paging.DEFAULT_NODES, 1, paging.MAX_PAGE)
+    return web.json_response(node_list(shell_of(request), limit, request.query.get("page_token", "")[:2048]))
 
 
 async def get_node(request: web.Request) -> web.Response:
@@ -283,7 +302,8 @@ async def get_node(request: web.Request) -> web.Response:
 
 
 async def list_queues(request: web.Request) -> web.Response:
-    return web.json_response(queue_list(shell_of(request)))
+    limit = int_param(request, "limit", paging.DEFAULT_QUEUES, 1, paging.MAX_PAGE)
+    return web.json_response(queue_list(shell_of(request), limit, request.query.get("page_token", "")[:2048]))
 
 
 async def openapi_document(request: web.Request) -> web.Response:

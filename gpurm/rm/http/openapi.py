@@ -64,8 +64,11 @@ def document() -> dict[str, Any]:
                            {"type": "string", "example": "RUNNING,QUEUED"}),
                     _query("limit", "jobs per page", {"type": "integer", "minimum": 1, "maximum": 1000,
                                                       "default": 100}),
-                    _query("cursor", "the next_cursor of the page before", {"type": "string"}),
-                    _query("offset", "jobs to skip (instead of cursor)", {"type": "integer", "minimum": 0})],
+                    _query("page_token", "the next_page_token of the page before (opaque)", {"type": "string"}),
+                    _query("cursor", "the next_cursor of the page before (older form of page_token)",
+                           {"type": "string"}),
+                    _query("offset", "jobs to skip, scanning them (instead of page_token; at most 100,000)",
+                           {"type": "integer", "minimum": 0, "maximum": 100_000})],
                     "responses": {**_ok("JobList"), **_errors(400)}},
                 "post": {"tags": ["jobs"], "summary": "submit a job (the job file's fields, docs/jobs.md)",
                          "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
@@ -93,10 +96,18 @@ def document() -> dict[str, Any]:
             "/jobs/{job_id}/utilisation": {"get": {
                 "tags": ["jobs"], "summary": "GPU utilisation over time of the latest attempt's GPUs",
                 "parameters": [job_id], "responses": {**_ok("Utilisation"), **_errors(404)}}},
-            "/nodes": {"get": {"tags": ["nodes"], "responses": _ok("NodeList")}},
+            "/nodes": {"get": {"tags": ["nodes"], "summary": "nodes by node id, a page at a time", "parameters": [
+                _query("limit", "nodes per page", {"type": "integer", "minimum": 1, "maximum": 5000, "default": 500}),
+                _query("page_token", "the next_page_token of the page before (opaque)", {"type": "string"})],
+                "responses": {**_ok("NodeList"), **_errors(400)}}},
             "/nodes/{node_id}": {"get": {"tags": ["nodes"], "parameters": [_path("node_id")],
                                          "responses": {**_ok("NodeDetail"), **_errors(404)}}},
-            "/queues": {"get": {"tags": ["queues"], "responses": _ok("QueueList")}},
+            "/queues": {"get": {"tags": ["queues"], "summary": "the queue tree, parents first, a page at a time",
+                                "parameters": [
+                _query("limit", "queues per page", {"type": "integer", "minimum": 1, "maximum": 5000,
+                                                    "default": 1000}),
+                _query("page_token", "the next_page_token of the page before (opaque)", {"type": "string"})],
+                "responses": {**_ok("QueueList"), **_errors(400)}}},
             "/openapi.json": {"get": {"tags": ["meta"], "summary": "this document", "responses": _ok("Object")}},
         },
         "components": {"schemas": {
@@ -130,8 +141,14 @@ def document() -> dict[str, Any]:
                                    "submit_ms": {"type": "integer"}, "waiting_reason": {"type": "string"},
                                    "attempts": {"type": "array", "items": OBJECT}, "spec": OBJECT}},
             "JobList": {"type": "object", "properties": {
-                "jobs": {"type": "array", "items": _ref("Job")}, "total": {"type": "integer"},
+                "jobs": {"type": "array", "items": _ref("Job")},
+                "total": {"type": "integer", "nullable": True,
+                          "description": "jobs matching user and queue; null when a state filter (or both user "
+                                         "and queue) would need a walk of every job to count"},
                 "limit": {"type": "integer"}, "offset": {"type": "integer"},
+                "next_page_token": {"type": "string", "nullable": True,
+                                    "description": "pass as page_token for the next page; null on the last page "
+                                                   "(a filtered page may be short, even empty, before the last)"},
                 "next_cursor": {"type": "string", "nullable": True}}},
             "KillResult": {"type": "object", "properties": {"job": _ref("Job")}},
             "Log": {"type": "object", "properties": {
@@ -144,11 +161,14 @@ def document() -> dict[str, Any]:
                      "properties": {"node_id": {"type": "string"}, "rack": {"type": "string"},
                                     "state": {"type": "string"}, "gpus_total": {"type": "integer"},
                                     "gpus_free": {"type": "integer"}}},
-            "NodeList": {"type": "object", "properties": {"nodes": {"type": "array", "items": _ref("Node")}}},
+            "NodeList": {"type": "object", "properties": {
+                "nodes": {"type": "array", "items": _ref("Node")}, "total": {"type": "integer"},
+                "limit": {"type": "integer"}, "next_page_token": {"type": "string", "nullable": True}}},
             "NodeDetail": {"allOf": [_ref("Node"), {"type": "object", "properties": {
                 "telemetry": OBJECT, "utilisation": {"type": "array", "items": OBJECT}}}]},
-            "QueueList": {"type": "object", "properties": {"capacity": {"type": "integer"},
-                                                           "queues": {"type": "array", "items": OBJECT}}},
+            "QueueList": {"type": "object", "properties": {
+                "capacity": {"type": "integer"}, "queues": {"type": "array", "items": OBJECT},
+                "total": {"type": "integer"}, "next_page_token": {"type": "string", "nullable": True}}},
             "ClusterSummary": {"type": "object", "properties": {
                 "rm": OBJECT, "gpus": OBJECT, "nodes": OBJECT, "jobs": OBJECT,
                 "racks": {"type": "array", "items": OBJECT}, "time_ms": {"type": "integer"}}},

@@ -250,7 +250,7 @@ async def jobs(request: web.Request) -> web.Response:
     limit = api.int_param(request, "limit", 50, 1, api.MAX_LIMIT)
     cursor = q.get("cursor", "")[:40]
     data = api.job_list(shell, who, api.states_param(request), q.get("queue", "")[:256], q.get("user", "")[:64],
-                        limit, cursor)
+                        limit, cursor, page_token="" if cursor else q.get("page_token", "")[:2048])
     rows = []
     for j in data["jobs"]:
         spec = j["spec"]
@@ -267,13 +267,14 @@ async def jobs(request: web.Request) -> web.Response:
             f'<label>state <select name="state">{options}</select></label><button type="submit">filter</button>'
             f'<label>find <input id="find" type="search" placeholder="any text in the table"></label></form>')
     more = ""
-    if data["next_cursor"]:
-        args = {k: v for k, v in q.items() if k != "cursor"}
-        older = urlencode({**args, "cursor": data["next_cursor"]})
+    if data["next_page_token"]:
+        args = {k: v for k, v in q.items() if k not in ("cursor", "page_token")}
+        older = urlencode({**args, "page_token": data["next_page_token"]})
         more = f'<p><a id="older" href="/jobs?{e(older)}">older jobs</a></p>'
-    api_query = urlencode([(k, v) for k, v in q.items() if k in ("user", "queue", "state", "cursor")]
+    api_query = urlencode([(k, v) for k, v in q.items() if k in ("user", "queue", "state", "cursor", "page_token")]
                           + [("limit", str(limit))])
-    body = (form + f'<p class="meta">{e(data["total"])} jobs match, newest first</p>'
+    matching = "jobs match" if data["total"] is None else f'{e(data["total"])} jobs match'
+    body = (form + f'<p class="meta">{matching}, newest first, {e(limit)} a page</p>'
             + table(["job", "name", "user", "queue", "state", "GPUs", "time", "waiting / ended"], rows,
                     "jobs filterable") + more)
     return layout(request, "Jobs", body, refresh=f"{api.PREFIX}/jobs?{api_query}")
