@@ -146,7 +146,7 @@ def job_list(shell: RMShell, who: Caller, states: list[JobState], queue: str, us
 
 
 def job_detail(shell: RMShell, who: Caller, job_id: str) -> dict[str, Any]:
-    job = shell.core.get_job(job_id)
+    job = shell.find_job(job_id)   # a job that left memory: from the store
     out = to_json(shell.job_pb(job, private=shell.may_see(who, job)))
     out["may_see_private"] = shell.may_see(who, job)
     out["may_kill"] = who.kind.value == "user" and shell.core.may_kill(
