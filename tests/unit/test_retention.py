@@ -238,8 +238,17 @@ def test_the_shell_retires_finished_jobs_and_still_answers_for_them_from_the_sto
     snap = shell.store.load()
     shell.core.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, T0, snap.learned)
     shell.usage["job-1-c1"] = "util 90%"
+
+    class Published:
+        retained: dict[str, bytes] = {}
+
+        def publish_retained(self, topic: str, payload: bytes) -> None:
+            self.retained[topic] = payload
+
+    shell.publisher = Published()
     assert shell.retire_finished(T0 + H + 1) == 1
     assert "job-1" not in shell.core.jobs and "job-1-c1" not in shell.usage
+    assert shell.publisher.retained == {"gpurm/jobs/job-1": b""}     # an empty retained payload clears the topic
     found = shell.find_job("job-1")                 # between the limits: read from the store
     assert found.job_id == "job-1" and found.state is JobState.SUCCEEDED
     assert shell.job_pb(found).job_id == "job-1"
