@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -315,6 +315,17 @@ class RMShell:
                      purged)
         return len(p.retired)
 
+    def job_records(self, job_id: str) -> tuple[Job, Mapping[str, Container]]:
+        """A job and its containers by id: from memory, else (a job that left memory) from the store, so its logs
+        stay readable while the agents keep them (agent.yaml containers.keep_finished)."""
+        job = self.core.jobs.get(job_id)
+        if job is not None:
+            return job, self.core.containers
+        found = self.store.load_retired(job_id)
+        if found is None:
+            return self.find_job(job_id), {}       # raises NOT_FOUND, saying why
+        return found[0], {c.container_id: c for c in found[1]}
+
     def find_job(self, job_id: str) -> Job:
         """A job in memory, else one that left memory read from the store (off the hot path: `gpurm status`);
         NOT_FOUND saying so when its detail has left the store too."""
@@ -538,14 +549,14 @@ class RMShell:
 
     async def read_logs(self, request: pb.GetLogsRequest, tail: int = 0) -> pb.GetLogsResponse:
         """`tail` > 0: the last `tail` bytes instead of from `request.offset` (the web UI's job page)."""
-        job = self.core.get_job(request.job_id)
-        container_id, node_id = log_container(self.core.containers, job, request.am, request.attempt, request.rank)
+        job, containers = self.job_records(request.job_id)
+        container_id, node_id = log_container(containers, job, request.am, request.attempt, request.rank)
         node = self.core.cluster.nodes.get(node_id)
         if node is None:
             raise RequestError(ErrorCode.UNAVAILABLE, f"node {node_id} is unknown to this RM; logs unreachable")
         stub = pbg.ContainerManagerStub(self.agent_channel(node_id))
         try:
-            c = self.core.containers[container_id]
+            c = containers[container_id]
             token = self.sign(c, READ_LOG_TOKEN_S, pb.TOKEN_READ_LOG)
             offset = -tail if tail > 0 else max(request.offset, 0)   # negative: that many bytes before the end
             reply = await stub.ReadLog(pb.ReadLogRequest(container_id=container_id, offset=offset,

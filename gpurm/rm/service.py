@@ -218,7 +218,7 @@ class ClientService(pbg.ClientServicer):
 
     @rpc
     async def GetLogs(self, request: pb.GetLogsRequest, context: Ctx) -> pb.GetLogsResponse:
-        check_may_read_logs(self.shell, identify(context), self.shell.core.get_job(request.job_id))
+        check_may_read_logs(self.shell, identify(context), self.shell.find_job(request.job_id))
         return await self.shell.read_logs(request)
 
     @rpc

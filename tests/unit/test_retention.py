@@ -252,6 +252,8 @@ def test_the_shell_retires_finished_jobs_and_still_answers_for_them_from_the_sto
     found = shell.find_job("job-1")                 # between the limits: read from the store
     assert found.job_id == "job-1" and found.state is JobState.SUCCEEDED
     assert shell.job_pb(found).job_id == "job-1"
+    job, containers = shell.job_records("job-1")    # what `gpurm logs` needs to find the log on its node
+    assert job.job_id == "job-1" and list(containers) == ["job-1-c1"] and containers["job-1-c1"].node_id == "n1"
     shell.retire_finished(T0 + 3 * H)               # its detail leaves the store
     with pytest.raises(RequestError) as err:
         shell.find_job("job-1")

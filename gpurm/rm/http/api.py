@@ -254,7 +254,7 @@ async def job_logs(request: web.Request) -> web.Response:
     """A range of one log: a learner's (`rank`, `attempt`; 0 = the latest) or the AM's (`am=true`), from
     `offset`, or its last `tail` bytes."""
     shell = shell_of(request)
-    job = shell.core.get_job(request.match_info["job_id"])
+    job = shell.find_job(request.match_info["job_id"])
     check_may_read_logs(shell, caller(request), job)
     am = request.query.get("am", "false").lower()
     if am not in ("true", "false", "1", "0"):
