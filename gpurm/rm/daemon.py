@@ -89,7 +89,7 @@ class RMShell:
         self.committed_tree = self.core.queues.tree    # the queue config the store holds (a rollback keeps it)
         self.persist = Persister(self.store, config.state_dir, self._roll_back)
         self.retention = Retention(config.retention)   # finished jobs leaving memory, then the store
-        self.metrics = RMMetrics(lambda: self.core)
+        self.metrics = RMMetrics(lambda: self.core, lambda: self.retention.retired_counts)
         self._stale = False                            # memory is ahead of the store: rebuild before writing
         self._refresh_lock = asyncio.Lock()
         self.creds = Credentials(ClusterKeys.load(config.state_dir / "token.key"))
@@ -599,6 +599,7 @@ class RMShell:
         snap = self.store.load()
         self.core.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, time.time(), snap.learned)
         del snap
+        self.retention.retired_counts = self.store.retired_counts()
         kept = rotate_backup(self.store, self.config.state_dir, self.config.store_backups)
         if kept is not None:
             log.info("store backed up to %s (keeping the last %d)", kept, self.config.store_backups)

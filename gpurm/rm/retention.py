@@ -80,6 +80,9 @@ class Retention:
         self._blocked: dict[str, None] = {}             # expired, but with containers still live
         self._core_id = 0                                # which core the heap describes (a rollback makes anew)
         self._next_purge = 0.0
+        # Jobs out of memory, per queue: (preemptions, retries), for the RM's counters (rm/metrics.py). Loaded from
+        # the store at start (SqliteStore.retired_counts), then kept up to date by `apply`.
+        self.retired_counts: dict[str, tuple[int, int]] = {}
 
     def __len__(self) -> int:
         return len(self._heap) + len(self._blocked)
@@ -156,6 +159,10 @@ class Retention:
         for r in p.retired:
             forget_job(core, r.job.job_id)
             self._noted.discard(r.job.job_id)
+            job = r.job
+            preemptions, retries = self.retired_counts.get(job.queue, (0, 0))
+            self.retired_counts[job.queue] = (preemptions + job.preemptions,
+                                              retries + max(0, len(job.attempts) - 1 - job.preemptions))
 
     def give_back(self, p: Pass) -> None:
         """The pass could not be written: its jobs stay candidates, the purge is tried again next pass."""

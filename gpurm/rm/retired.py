@@ -118,6 +118,13 @@ def finished_usages(db: sqlite3.Connection, since: float | None, until: float | 
     return [_usage(row) for row in db.execute(sql, args)]
 
 
+def retired_counts(db: sqlite3.Connection) -> dict[str, tuple[int, int]]:
+    """Per queue path: the preemptions and retries of the jobs out of memory (rm/metrics.py's counters)."""
+    rows = db.execute("SELECT queue, SUM(preemptions), SUM(MAX(0, attempts - 1 - preemptions)) FROM finished "
+                      "GROUP BY queue")
+    return {f"root.{queue}" if queue != "root" else queue: (int(p), int(r)) for queue, p, r in rows}
+
+
 def learned_sizes(db: sqlite3.Connection) -> list[float]:
     """What gittins learned from retired jobs, in finish order (it relearns them on every restore)."""
     return [float(s) for (s,) in db.execute("SELECT size FROM finished WHERE size IS NOT NULL ORDER BY finish, seq")]

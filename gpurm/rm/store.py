@@ -188,6 +188,10 @@ class SqliteStore:
         """The accounting rows of jobs out of memory that finished in [since, until)."""
         return retired.finished_usages(self._reader(), since, until)
 
+    def retired_counts(self) -> dict[str, tuple[int, int]]:
+        """Per queue: (preemptions, retries) of the jobs out of memory."""
+        return retired.retired_counts(self._db)
+
     def load_meta(self) -> dict[str, str]:
         return {str(k): str(v) for k, v in self._db.execute("SELECT key, value FROM meta")}
 

@@ -16,7 +16,7 @@ from gpurm.rm.config import RMConfig, load_rm_config
 from gpurm.rm.core import RMCore
 from gpurm.rm.jobspec import JobSpec
 from gpurm.rm.messages import ContainerReport, ErrorCode, NodeRegistration, RequestError
-from gpurm.rm.model import Container, ContainerKind, ContainerPhase, Job, JobState
+from gpurm.rm.model import Attempt, Container, ContainerKind, ContainerPhase, Job, JobState
 from gpurm.rm.retention import NEVER, Retention, RetentionSettings
 from gpurm.rm.store import SCHEMA_VERSION, SqliteStore
 
@@ -261,6 +261,28 @@ def test_the_shell_retires_finished_jobs_and_still_answers_for_them_from_the_sto
     assert "job-1 finished (SUCCEEDED)" in err.value.message and "gpurm acct" in err.value.message
     with pytest.raises(RequestError, match="no job 'job-77'"):
         shell.find_job("job-77")
+    shell.store.close()
+
+
+def test_the_preemption_and_retry_counters_never_drop_when_jobs_leave_memory(tmp_path: Path) -> None:
+    from tests.unit.test_metrics import samples
+
+    shell = make_shell(tmp_path)
+    job = finished_job(1, T0)
+    job.preemptions = 2
+    job.attempts = [Attempt(k, JobState.FAILED) for k in range(1, 5)]      # 2 preempted, 1 retried, the last
+    shell.store.save([job], [], [], {})
+    shell.core.restore([job], [], [], {}, T0)
+    key = (("queue", "root.default"),)
+
+    def counters() -> tuple[float, float]:
+        got = samples(shell.metrics.render())
+        return got[("gpurm_preemptions_total", key)], got[("gpurm_retries_total", key)]
+
+    assert counters() == (2, 1)
+    assert shell.retire_finished(T0 + 2 * H) == 1
+    assert counters() == (2, 1)
+    assert make_shell(tmp_path).store.retired_counts() == {"root.default": (2, 1)}    # what a restart starts from
     shell.store.close()
 
 
