@@ -34,7 +34,7 @@ from gpurm.rm.model import Container, Job, JobState
 NEVER = float("inf")
 DEFAULT_MEMORY_S = 3600.0
 DEFAULT_STORE_S = 30 * 86400.0
-DEFAULT_BATCH = 2000          # jobs retired per pass at most (a pass runs every tick, twice a second by default)
+DEFAULT_BATCH = 500           # jobs retired per pass at most (a pass runs every tick, twice a second; ~0.1 s)
 PURGE_EVERY_S = 60.0          # how often the store's old detail is looked for (it is a write: not every tick)
 MIN_MEMORY_S = 60.0           # below this a client's retry with the same submit id could start the job twice
 

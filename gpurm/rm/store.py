@@ -168,7 +168,8 @@ class SqliteStore:
             raise StoreWriteError(_describe(exc)) from exc
 
     def _reader(self) -> sqlite3.Connection:
-        """A second connection for reads off the hot path (WAL: it sees what was committed)."""
+        """A second connection for reads off the hot path (WAL: it sees what was committed), used from the event
+        loop's thread only."""
         if self._read_db is None:
             self._read_db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
         return self._read_db
@@ -185,8 +186,13 @@ class SqliteStore:
         return retired.finished_row(self._reader(), job_id)
 
     def finished_usages(self, since: float | None = None, until: float | None = None) -> list[JobUsage]:
-        """The accounting rows of jobs out of memory that finished in [since, until)."""
-        return retired.finished_usages(self._reader(), since, until)
+        """The accounting rows of jobs out of memory that finished in [since, until). Its own connection: callers
+        run it in a worker thread (GetAccounting)."""
+        db = sqlite3.connect(str(self.path), isolation_level=None)
+        try:
+            return retired.finished_usages(db, since, until)
+        finally:
+            db.close()
 
     def retired_counts(self) -> dict[str, tuple[int, int]]:
         """Per queue: (preemptions, retries) of the jobs out of memory."""
