@@ -159,6 +159,9 @@ def test_retired_jobs_leave_the_loaded_tables_keep_a_row_and_their_detail_until_
     assert [j.job_id for j in snap.jobs] == ["job-5", "job-6"]
     assert {c.job_id for c in snap.containers} == {"job-5", "job-6"}
     assert snap.learned == [1000.0, 1000.0, 1000.0]      # jobs 1, 2, 4 ended on their own; 3 was killed
+    restarted = RMCore()                                   # gittins relearns all four sizes, retired ones first
+    restarted.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, T0 + 2 * H, snap.learned)
+    assert restarted.gittins.sizes == core.gittins.sizes == [1000.0] * 4     # jobs 1, 2, 4 and 5
     job, cs = store.load_retired("job-1") or (None, [])
     assert job == jobs[0] and sorted(c.container_id for c in cs) == ["job-1-c1", "job-1-c2"]
     # Past the store retention the detail goes; the accounting row stays.
