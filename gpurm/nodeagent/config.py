@@ -24,6 +24,7 @@ from gpurm.nodeagent.identity import (
     UserRules,
     agent_user,
 )
+from gpurm.nodeagent.sweep import DEFAULT_KEEP_S, NEVER
 from gpurm.queues.fields import ConfigError, Problems, Reader, parse_address
 from gpurm.rm.limits import ServerLimits, read_limits
 from gpurm.rm.retry import AGENT_POLICY, RetryPolicy
@@ -94,6 +95,7 @@ class ContainerConfig:
     min_uid: int = DEFAULT_MIN_UID
     banned_users: tuple[str, ...] = DEFAULT_BANNED_USERS
     local_user: str = ""                       # insecure mode's user when the agent is root ('' = nobody)
+    keep_finished_s: float = DEFAULT_KEEP_S    # dirs of containers ended longer ago are removed (NEVER: kept)
 
 
 @dataclass(frozen=True)
@@ -392,10 +394,20 @@ def _containers(c: Reader, euid: int) -> ContainerConfig:
     if cgroup_root not in ("auto", "off") and not cgroup_root.startswith("/"):
         c.error("cgroup_root", f"must be auto, off or an absolute path, got {cgroup_root!r}")
     min_uid, banned, local = _identity(c, run_as, euid)
+    raw_keep = c.raw("keep_finished")
+    if isinstance(raw_keep, str) and raw_keep.strip().lower() in ("never", "forever"):
+        keep_finished = NEVER
+    else:
+        keep_finished = c.duration("keep_finished", DEFAULT_KEEP_S)
+        if keep_finished < 3600:
+            c.error("keep_finished", f"at least 1h (logs of recent jobs stay readable), or never; got "
+                                     f"{keep_finished:g}s")
+            keep_finished = DEFAULT_KEEP_S
     c.reject_unknown()
     return ContainerConfig(stop_grace_s=grace, keep_on_shutdown=keep, env_passthrough=tuple(passthrough),
                            log_poll_s=poll, log_max_size=log_max_size, log_keep=log_keep, run_as=run_as,
-                           cgroup_root=cgroup_root, min_uid=min_uid, banned_users=banned, local_user=local)
+                           cgroup_root=cgroup_root, min_uid=min_uid, banned_users=banned, local_user=local,
+                           keep_finished_s=keep_finished)
 
 
 def _identity(c: Reader, run_as: RunAsMode, euid: int) -> tuple[int, tuple[str, ...], str]:

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 from gpurm.nodeagent.config import NO_CREDENTIAL, AgentConfig
@@ -23,6 +24,7 @@ from gpurm.nodeagent.ports import PortReserver
 from gpurm.nodeagent.private import make_dir, state_dir_mode
 from gpurm.nodeagent.records import write_json_atomic
 from gpurm.nodeagent.service import ContainerManagerServicer
+from gpurm.nodeagent.sweep import sweep_loop
 from gpurm.nodeagent.tracker import Registration, RMUnreachable, Tracker
 from gpurm.rm import tls
 from gpurm.rm.limits import make_server
@@ -133,7 +135,10 @@ async def _run_with_gpus(cfg: AgentConfig, provider: GpuProvider, gpus: list[Gpu
     tracker.decorate = monitor.decorate
     monitor.on_change = tracker.wake
     tasks = [asyncio.create_task(tracker.run(), name="tracker"),
-             asyncio.create_task(monitor.run(), name="monitor")]
+             asyncio.create_task(monitor.run(), name="monitor"),
+             asyncio.create_task(sweep_loop(supervisor.containers_dir, cfg.containers.keep_finished_s,
+                                            lambda: [r.container_id for r in supervisor.records()], time.time),
+                                 name="sweep")]
 
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,7 +1,8 @@
 """Accounting (`gpurm acct`, like Slurm's sacct / sreport): what finished jobs used, grouped and summed. Pure.
 
-A finished job's usage (`JobUsage`) comes from its records alone, which the RM keeps in its store for good (it
-prunes no job and no container), so the figures survive RM restarts:
+A finished job's usage (`JobUsage`) comes from its records alone, so the figures survive RM restarts. A job that
+left the RM's memory (rm/retention.py) is counted from the compact row written then (the store's `finished`
+table, kept for good), the same `JobUsage`:
 
 - GPU-seconds: over every learner container the job ran, in any attempt, its GPUs x its run time (the agent's
   start to its end). A shared-GPU job counts by its fraction (`share_milli`, the job's `gpu_amount`); an elastic
@@ -77,6 +78,14 @@ def usages(jobs: Iterable[Job], containers: Iterable[Container]) -> list[JobUsag
         if c.kind is ContainerKind.LEARNER:
             by_job.setdefault(c.job_id, []).append(c)
     return [job_usage(j, by_job.get(j.job_id, ())) for j in jobs if j.state.terminal]
+
+
+def with_retired(jobs: dict[str, Job], containers: Iterable[Container], retired: Iterable[JobUsage]) -> list[JobUsage]:
+    """Every finished job's usage: those in memory from their records, those that left memory (rm/retention.py)
+    from their compact rows (a row of a job still in memory is skipped: counted once)."""
+    out = usages(jobs.values(), containers)
+    out.extend(u for u in retired if u.job_id not in jobs)
+    return out
 
 
 @dataclass

@@ -13,6 +13,7 @@ import yaml
 from gpurm.queues.fields import ConfigError, Problems, Reader, parse_address, parse_duration
 from gpurm.rm.limits import ServerLimits, read_limits
 from gpurm.rm.messages import RMSettings
+from gpurm.rm.retention import MIN_MEMORY_S, NEVER, RetentionSettings
 from gpurm.rm.retry import AM_POLICY
 from gpurm.rm.tls import TLSConfig, read_tls_section
 
@@ -62,6 +63,7 @@ class RMConfig:
     store_backups: int = 5                  # automatic store backups kept (one written at each start)
     http: HTTPConfig = field(default_factory=HTTPConfig)
     am_rm_retry_for_s: float = AM_POLICY.give_up_s   # an AM rides out an unreachable RM this long (0: forever)
+    retention: RetentionSettings = field(default_factory=RetentionSettings)   # finished jobs (rm/retention.py)
 
     @property
     def advertised(self) -> str:
@@ -174,6 +176,7 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     cfg.store_backups = st.integer("backups", cfg.store_backups, minimum=0, maximum=1000)
     st.reject_unknown()
     cfg.http = read_http_section(r)
+    cfg.retention = read_retention_section(r)
     cfg.settings = s
     r.reject_unknown()
     p.raise_if_any()
@@ -213,4 +216,32 @@ def read_http_section(r: Reader) -> HTTPConfig:
         h.error("listen", str(exc))
     out.max_body_bytes = h.integer("max_body_bytes", out.max_body_bytes, minimum=1024, maximum=64 << 20)
     h.reject_unknown()
+    return out
+
+
+def _keep_for(r: Reader, key: str, default: float) -> float:
+    """A retention: a duration, or `never` (kept for good)."""
+    raw = r.raw(key)
+    if isinstance(raw, str) and raw.strip().lower() in ("never", "forever"):
+        return NEVER
+    return r.duration(key, default)
+
+
+def read_retention_section(r: Reader) -> RetentionSettings:
+    """`retention: {memory: 1h, store: 30d}`: how long finished jobs stay in memory, then their detail in the
+    store (rm/retention.py); `never` keeps them. memory at least 1m; store at least memory."""
+    out = RetentionSettings()
+    t = r.section("retention")
+    out.memory_s = _keep_for(t, "memory", out.memory_s)
+    out.store_s = _keep_for(t, "store", out.store_s)
+    if out.memory_s < MIN_MEMORY_S:
+        t.error("memory", f"at least {MIN_MEMORY_S:g}s (a client retrying a submit within it gets the same job), or "
+                          f"never; got {out.memory_s:g}s")
+        out.memory_s = MIN_MEMORY_S
+    if out.store_s < out.memory_s:
+        shown = "never" if out.memory_s == NEVER else f"{out.memory_s:g}s"
+        t.error("store", f"must be at least retention.memory ({shown}): a job's detail leaves the store only after "
+                         f"it left memory; got {out.store_s:g}s")
+    out.batch = t.integer("batch", out.batch, minimum=1, maximum=1_000_000)
+    t.reject_unknown()
     return out

@@ -1058,9 +1058,10 @@ class RMCore:
         return {"next_job_seq": str(self.next_job_seq), "next_container_seq": str(self.next_container_seq)}
 
     def restore(self, jobs: Iterable[Job], containers: Iterable[Container], nodes: Iterable[Node],
-                meta: dict[str, str], now: float) -> None:
+                meta: dict[str, str], now: float, learned: Iterable[float] = ()) -> None:
         """Load records written by an earlier RM. Nodes come back as they were last seen and have a full
-        expiry period to re-register; AMs and grants get a fresh clock from `now`."""
+        expiry period to re-register; AMs and grants get a fresh clock from `now`. `learned`: the job sizes
+        gittins learned from jobs that left memory (rm/retention.py), in finish order."""
         self.recovered_at = now
         nodes = list(nodes)
         self.resync_until = now + resync.grace_s(self.settings, len(nodes))
@@ -1070,7 +1071,10 @@ class RMCore:
         recovery.readmit(self.jobs, self.live, self.ams, self._am_up)
         self.next_job_seq, self.next_container_seq = recovery.counters(meta)
         self._rebuild_queue_book()
-        # gittins relearns its job sizes from the finished jobs in the store (finish order: the same table).
+        # gittins relearns its job sizes from the finished jobs in the store (finish order: the same table):
+        # the retired ones' first (they finished before any finished job still in memory).
+        for size in learned:
+            self.gittins.finished(size)
         for job in sorted(self.jobs.values(), key=lambda j: (j.finish_time, j.seq)):
             if job.state in (JobState.SUCCEEDED, JobState.FAILED):
                 self.gittins.finished(job.attained_gpu_s)

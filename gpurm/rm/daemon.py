@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ from gpurm.rm.model import Container, ContainerKind, Job
 from gpurm.rm.netcheck import listen_problem
 from gpurm.rm.paging import ListIndexes
 from gpurm.rm.persist import RETRY_S, Persister, rebuild_core
+from gpurm.rm.retention import Retention
 from gpurm.rm.service import AdminService, AMService, ClientService, DecodeGuard, TrackerService
 from gpurm.rm.statedir import StateDirBusy, StateDirLock, rotate_backup
 from gpurm.rm.store import SqliteStore, StoreDamaged, StoreWriteError, rows
@@ -98,7 +99,8 @@ class RMShell:
         self.core = RMCore(config.settings, self._initial_queues())
         self.committed_tree = self.core.queues.tree    # the queue config the store holds (a rollback keeps it)
         self.persist = Persister(self.store, config.state_dir, self._roll_back)
-        self.metrics = RMMetrics(lambda: self.core)
+        self.retention = Retention(config.retention)   # finished jobs leaving memory, then the store
+        self.metrics = RMMetrics(lambda: self.core, lambda: self.retention.retired_counts)
         self._stale = False                            # memory is ahead of the store: rebuild before writing
         self._refresh_lock = asyncio.Lock()
         self.creds = Credentials(ClusterKeys.load(config.state_dir / "token.key"))
@@ -306,6 +308,69 @@ class RMShell:
             except RequestError as exc:   # the store refuses writes: the AM's start timeout catches it later
                 log.warning("AM %s launch failure not recorded: %s", c.container_id, exc.message)
 
+    # ------------------------------------------------------------ retention (rm/retention.py)
+
+    async def retire_finished(self, now: float) -> int:
+        """One retention pass: finished jobs past `retention.memory` leave memory (their records move to the
+        store's `retired` table in one transaction, written before memory forgets them) and their retained MQTT
+        topics are cleared; detail past `retention.store` leaves the store. Returns the jobs retired."""
+        if not self.persist.writable:
+            return 0
+        p = self.retention.plan(self.core, now)
+        if not p.retired and p.purge_before is None:
+            return 0
+        try:
+            # On the writer thread, after the writes queued before it (the jobs' last saves among them).
+            purged = await asyncio.wrap_future(self.persist.writer.call(
+                lambda: self.store.retire(p.retired, p.purge_before, self.retention.settings.batch)))
+        except StoreWriteError as exc:
+            self.retention.give_back(p)    # memory still holds them; the next pass tries again
+            log.warning("finished jobs not retired (the store refused the write: %s); trying again", exc)
+            return 0
+        self.retention.apply(self.core, p)
+        self.retention.purged(purged)
+        for r in p.retired:
+            if self.publisher is not None:   # an empty retained payload deletes the topic's retained message
+                self.publisher.publish_retained(mqtt.TOPIC_JOB.format(job_id=r.job.job_id), b"")
+            for c in r.containers:
+                self.usage.pop(c.container_id, None)
+                self.rightsize.pop(c.container_id, None)
+        if p.retired or purged:
+            log.info("retention: %d finished jobs left memory, %d jobs' detail left the store", len(p.retired),
+                     purged)
+        return len(p.retired)
+
+    def job_records(self, job_id: str) -> tuple[Job, Mapping[str, Container]]:
+        """A job and its containers by id: from memory, else (a job that left memory) from the store, so its logs
+        stay readable while the agents keep them (agent.yaml containers.keep_finished)."""
+        job = self.core.jobs.get(job_id)
+        if job is not None:
+            return job, self.core.containers
+        found = self.store.load_retired(job_id)
+        if found is None:
+            return self.find_job(job_id), {}       # raises NOT_FOUND, saying why
+        return found[0], {c.container_id: c for c in found[1]}
+
+    def find_job(self, job_id: str) -> Job:
+        """A job in memory, else one that left memory read from the store (off the hot path: `gpurm status`);
+        NOT_FOUND saying so when its detail has left the store too."""
+        try:
+            return self.core.get_job(job_id)
+        except RequestError as exc:
+            if exc.code is not ErrorCode.NOT_FOUND or not job_id:
+                raise
+            found = self.store.load_retired(job_id)
+            if found is not None:
+                return found[0]
+            row = self.store.finished_row(job_id)
+            if row is None:
+                raise
+            ret = self.config.retention
+            raise RequestError(ErrorCode.NOT_FOUND, f"job {job_id} finished ({row.state}) at "
+                               f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(row.finish_time))} and its record "
+                               f"was retired after {ret.store_s / 86400:g} days (rm.yaml retention.store); "
+                               f"`gpurm acct` still counts it") from None
+
     # ------------------------------------------------------------ MQTT
 
     def _job_event_soon(self, job_id: str) -> None:
@@ -324,6 +389,8 @@ class RMShell:
 
     def _publish_job(self, job_id: str) -> None:
         job = self.core.jobs.get(job_id)
+        if job is not None:
+            self.retention.note(job)        # a finished job becomes a candidate to leave memory
         if job is None or self.publisher is None:
             return
         attempt = job.current_attempt
@@ -431,7 +498,7 @@ class RMShell:
                 return parse_queues(Path(path).read_text(), path)
             except OSError as exc:
                 raise ConfigError([f"queues: cannot read {path}: {exc.strerror}"]) from None
-        text = self.store.load().meta.get("queues_yaml", "")
+        text = self.store.load_meta().get("queues_yaml", "")
         if text:
             try:
                 return parse_queues(text, "the last applied queue config")
@@ -540,14 +607,14 @@ class RMShell:
 
     async def read_logs(self, request: pb.GetLogsRequest, tail: int = 0) -> pb.GetLogsResponse:
         """`tail` > 0: the last `tail` bytes instead of from `request.offset` (the web UI's job page)."""
-        job = self.core.get_job(request.job_id)
-        container_id, node_id = log_container(self.core.containers, job, request.am, request.attempt, request.rank)
+        job, containers = self.job_records(request.job_id)
+        container_id, node_id = log_container(containers, job, request.am, request.attempt, request.rank)
         node = self.core.cluster.nodes.get(node_id)
         if node is None:
             raise RequestError(ErrorCode.UNAVAILABLE, f"node {node_id} is unknown to this RM; logs unreachable")
         stub = pbg.ContainerManagerStub(self.agent_channel(node_id))
         try:
-            c = self.core.containers[container_id]
+            c = containers[container_id]
             token = self.sign(c, READ_LOG_TOKEN_S, pb.TOKEN_READ_LOG)
             offset = -tail if tail > 0 else max(request.offset, 0)   # negative: that many bytes before the end
             reply = await stub.ReadLog(pb.ReadLogRequest(container_id=container_id, offset=offset,
@@ -571,6 +638,7 @@ class RMShell:
             try:
                 async with self.mutation():
                     self.core.tick(time.time())
+                await self.retire_finished(time.time())
                 self._forget_tokens()
             except RequestError:
                 pass           # the store refused this tick's write (logged once by the persister)
@@ -587,7 +655,9 @@ class RMShell:
             raise OSError(f"cannot listen on {self.config.http.listen} (http.listen): {problem}; choose another "
                           "port, or http.enabled: false")
         snap = self.store.load()
-        self.core.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, time.time())
+        self.core.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, time.time(), snap.learned)
+        del snap
+        self.retention.retired_counts = self.store.retired_counts()
         kept = rotate_backup(self.store, self.config.state_dir, self.config.store_backups)
         if kept is not None:
             log.info("store backed up to %s (keeping the last %d)", kept, self.config.store_backups)

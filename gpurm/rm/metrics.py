@@ -11,7 +11,7 @@ spelled as in the CLI's JSON (`RUNNING`, `SUCCEEDED`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -55,8 +55,11 @@ def gpu_states(core: RMCore) -> Counter[str]:
 class RecordsCollector(Collector):
     """What the RM's records say, read at scrape time."""
 
-    def __init__(self, core: Callable[[], RMCore]) -> None:
+    def __init__(self, core: Callable[[], RMCore],
+                 retired: Callable[[], Mapping[str, tuple[int, int]]] | None = None) -> None:
         self.core = core          # a callable: the shell replaces its core when it rolls back to the store
+        # Jobs that left memory (rm/retention.py): (preemptions, retries) per queue, so the counters never drop.
+        self.retired = retired or dict
 
     def collect(self) -> Iterator[Metric]:
         core = self.core()
@@ -88,7 +91,10 @@ class RecordsCollector(Collector):
             states[(job.state.name, job.queue)] += 1
             preempted[job.queue] += job.preemptions
             retried[job.queue] += max(0, len(job.attempts) - 1 - job.preemptions)
-        queues = sorted({q for _, q in states} | {q.path for q in core.queues.tree.leaves})
+        for queue, (p, r) in self.retired().items():
+            preempted[queue] += p
+            retried[queue] += r
+        queues = sorted({q for _, q in states} | {q.path for q in core.queues.tree.leaves} | set(self.retired()))
         for queue in queues:
             for state in JobState:
                 jobs.add_metric([state.name, queue], states.get((state.name, queue), 0))
@@ -127,9 +133,10 @@ class RecordsCollector(Collector):
 class RMMetrics:
     """The registry, its collector of records, and the latency histograms the shell observes."""
 
-    def __init__(self, core: Callable[[], RMCore]) -> None:
+    def __init__(self, core: Callable[[], RMCore],
+                 retired: Callable[[], Mapping[str, tuple[int, int]]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(RecordsCollector(core))
+        self.registry.register(RecordsCollector(core, retired))
         self.schedule_seconds = Histogram("gpurm_schedule_pass_seconds", "Scheduling pass duration",
                                           registry=self.registry, buckets=LATENCY_BUCKETS)
         self.allocate_seconds = Histogram("gpurm_allocate_seconds", "AM allocate call handling time",

@@ -112,7 +112,7 @@ def rebuild_core(store: SqliteStore, settings: RMSettings, tree: QueueTree, old:
     kept for the next successful commit, as a restarted RM's first flush would carry it out."""
     snap = store.load()
     core = RMCore(settings, tree)
-    core.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, now)
+    core.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, now, snap.learned)
     core.cluster.version = max(core.cluster.version, old.cluster.version) + 1
     core.cluster.changed.update(core.cluster.nodes)
     return core

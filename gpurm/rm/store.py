@@ -12,11 +12,16 @@ import sqlite3
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from gpurm.rm import retired
+from gpurm.rm.accounting import JobUsage
 from gpurm.rm.cluster import GpuRecord, Node
 from gpurm.rm.model import Attempt, Container, Job, Learner
 from gpurm.rm.records import FieldTypes, RecordError, from_dict, to_dict
+
+if TYPE_CHECKING:
+    from gpurm.rm.retention import RetiredJob
 
 BACKUPS = "backups"        # the folder of automatic backups, in the state dir
 
@@ -87,6 +92,7 @@ class Snapshot:
     containers: list[Container] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)
     meta: dict[str, str] = field(default_factory=dict)
+    learned: list[float] = field(default_factory=list)   # gittins sizes of retired jobs, in finish order
 
 
 class Store(Protocol):
@@ -132,8 +138,9 @@ CREATE TABLE IF NOT EXISTS containers (container_id TEXT PRIMARY KEY, job_id TEX
 CREATE TABLE IF NOT EXISTS nodes (node_id TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS containers_by_job ON containers (job_id);
-"""
-SCHEMA_VERSION = "1"
+""" + retired.SCHEMA
+SCHEMA_VERSION = "2"          # 2: the retention tables (rm/retired.py); a store of schema 1 is migrated on open
+MIGRATES = ("1",)
 
 
 _RECORDS: tuple[tuple[str, str, type], ...] = (("jobs", "job_id", Job), ("containers", "container_id", Container),
@@ -149,14 +156,16 @@ class SqliteStore:
         """Open (or create) the store. StoreDamaged when the file is not a readable gpurm store."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self._read_db: sqlite3.Connection | None = None
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
             row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-            if row is None:
-                self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+            if row is None or row[0] in MIGRATES:      # new, or older: the new tables were just made
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+                row = None
         except sqlite3.DatabaseError as exc:
             self._db.close()
             if "locked" in str(exc) or "disk is full" in str(exc) or "readonly" in str(exc):
@@ -167,6 +176,50 @@ class SqliteStore:
             self._db.close()
             raise StoreDamaged(f"the RM's store {path} has schema {str(row[0])[:32]!r}, this RM reads "
                                f"{SCHEMA_VERSION} (written by another gpurm version?); {recovery_hint(path)}")
+
+    # Retention (rm/retention.py): finished jobs leaving memory, their detail leaving the store (rm/retired.py).
+
+    def retire(self, jobs: Iterable[RetiredJob], purge_before: float | None, purge_limit: int) -> int:
+        """Move the jobs' records out of the tables loaded at start-up and write their accounting rows; delete
+        the detail of jobs finished before `purge_before`. One transaction. Returns the details deleted."""
+        try:
+            return retired.retire(self._db, jobs, purge_before, purge_limit)
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreWriteError(_describe(exc)) from exc
+
+    def _reader(self) -> sqlite3.Connection:
+        """A second connection for reads off the hot path (WAL: it sees what was committed), used from the event
+        loop's thread only."""
+        if self._read_db is None:
+            self._read_db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        return self._read_db
+
+    def load_retired(self, job_id: str) -> tuple[Job, list[Container]] | None:
+        """A job that left memory, as stored (None: unknown, or its detail was purged). StoreDamaged if unreadable."""
+        try:
+            return retired.load_detail(self._reader(), job_id, STORED_FIELD_TYPES)
+        except (RecordError, ValueError, TypeError, sqlite3.Error) as exc:
+            raise StoreDamaged(f"the record of {job_id[:128]} in {self.path} cannot be read: {str(exc)[:200]}"
+                               ) from None
+
+    def finished_row(self, job_id: str) -> JobUsage | None:
+        return retired.finished_row(self._reader(), job_id)
+
+    def finished_usages(self, since: float | None = None, until: float | None = None) -> list[JobUsage]:
+        """The accounting rows of jobs out of memory that finished in [since, until). Its own connection: callers
+        run it in a worker thread (GetAccounting)."""
+        db = sqlite3.connect(str(self.path), isolation_level=None)
+        try:
+            return retired.finished_usages(db, since, until)
+        finally:
+            db.close()
+
+    def retired_counts(self) -> dict[str, tuple[int, int]]:
+        """Per queue: (preemptions, retries) of the jobs out of memory."""
+        return retired.retired_counts(self._db)
+
+    def load_meta(self) -> dict[str, str]:
+        return {str(k): str(v) for k, v in self._db.execute("SELECT key, value FROM meta")}
 
     def _rows(self) -> Iterator[tuple[str, str, type, str]]:
         for table, key, cls in _RECORDS:
@@ -193,7 +246,8 @@ class SqliteStore:
                 except RecordError as exc:
                     raise StoreDamaged(f"the RM's store {self.path} has a record it cannot read: {table} "
                                        f"{key[:128]}: {str(exc)[:300]}; {recovery_hint(self.path)}") from None
-            snap.meta = {str(k): str(v) for k, v in self._db.execute("SELECT key, value FROM meta")}
+            snap.meta = self.load_meta()
+            snap.learned = retired.learned_sizes(self._db)
         except sqlite3.DatabaseError as exc:
             raise StoreDamaged(f"the RM's store {self.path} cannot be read ({_describe(exc)}); "
                                f"{recovery_hint(self.path)}") from None
@@ -256,4 +310,6 @@ class SqliteStore:
             dest.close()
 
     def close(self) -> None:
+        if self._read_db is not None:
+            self._read_db.close()
         self._db.close()

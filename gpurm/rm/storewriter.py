@@ -15,20 +15,24 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any, TypeVar
 
 from gpurm.rm.store import Rows, SqliteStore, StoreWriteError
 
 log = logging.getLogger(__name__)
 
 MAX_GROUP = 512       # batches per transaction: bounds one transaction's size and the wait of its first request
+T = TypeVar("T")
 
 
 class StoreWriter:
     def __init__(self, store: SqliteStore) -> None:
         self.store = store
         self._cv = threading.Condition()
-        self._queue: list[tuple[Rows, Future[None]]] = []
+        # Batches of rows, and calls (`call`) that write in their own transaction, in the order they came.
+        self._queue: list[tuple[Rows | Callable[[], Any], Future[Any]]] = []
         self._error = ""            # set after a failed transaction: batches are refused until reset()
         self._closed = False
         self.transactions = 0       # commits done, and the batches they carried (group commit at work)
@@ -44,6 +48,18 @@ class StoreWriter:
                 fut.set_exception(StoreWriteError(self._error or "the store is closed"))
                 return fut
             self._queue.append((rows, fut))
+            self._cv.notify()
+        return fut
+
+    def call(self, write: Callable[[], T]) -> Future[T]:
+        """Run `write` (a store method that commits its own transaction, e.g. retiring finished jobs) on the
+        writer thread, after every batch queued before it. Its failure fails its future alone."""
+        fut: Future[T] = Future()
+        with self._cv:
+            if self._error or self._closed:
+                fut.set_exception(StoreWriteError(self._error or "the store is closed"))
+                return fut
+            self._queue.append((write, fut))
             self._cv.notify()
         return fut
 
@@ -66,9 +82,20 @@ class StoreWriter:
                     self._cv.wait()
                 if not self._queue:
                     return
-                group, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
+                head = self._queue[0]
+                if not isinstance(head[0], Rows):
+                    self._queue = self._queue[1:]
+                    group = []
+                else:
+                    n = 1
+                    while n < min(len(self._queue), MAX_GROUP) and isinstance(self._queue[n][0], Rows):
+                        n += 1
+                    group, self._queue = self._queue[:n], self._queue[n:]
+            if not group:
+                self._run_call(head[0], head[1])
+                continue
             try:
-                self.store.write([rows for rows, _ in group])
+                self.store.write([rows for rows, _ in group if isinstance(rows, Rows)])
             except StoreWriteError as exc:
                 self._fail(group, exc)
                 continue
@@ -80,7 +107,15 @@ class StoreWriter:
             for _, fut in group:
                 fut.set_result(None)
 
-    def _fail(self, group: list[tuple[Rows, Future[None]]], exc: StoreWriteError) -> None:
+    @staticmethod
+    def _run_call(write: Rows | Callable[[], Any], fut: Future[Any]) -> None:
+        assert not isinstance(write, Rows)
+        try:
+            fut.set_result(write())
+        except BaseException as exc:       # the caller decides; the batches go on
+            fut.set_exception(exc)
+
+    def _fail(self, group: list[tuple[Rows | Callable[[], Any], Future[Any]]], exc: StoreWriteError) -> None:
         with self._cv:
             self._error = str(exc) or "write failed"
             behind, self._queue = self._queue, []

@@ -44,3 +44,8 @@ def test_rightsize_evaluates_the_recorded_fixture_offline() -> None:
     assert f"{len(fixtures)} recorded series" in out
     for policy in ("peak", "adaptive", "phase", "request"):
         assert f"\n{policy} " in out
+
+
+def test_retention_runs() -> None:
+    out = run("retention.py", "--jobs", "300")
+    assert "no retention:" in out and "with retention:" in out and "300 jobs retired" in out and "raw limits" in out

@@ -149,7 +149,7 @@ def job_list(shell: RMShell, who: Caller, states: list[JobState], queue: str, us
 
 
 def job_detail(shell: RMShell, who: Caller, job_id: str) -> dict[str, Any]:
-    job = shell.core.get_job(job_id)
+    job = shell.find_job(job_id)   # a job that left memory: from the store
     out = to_json(shell.job_pb(job, private=shell.may_see(who, job)))
     out["may_see_private"] = shell.may_see(who, job)
     out["may_kill"] = who.kind.value == "user" and shell.core.may_kill(
@@ -273,7 +273,7 @@ async def job_logs(request: web.Request) -> web.Response:
     """A range of one log: a learner's (`rank`, `attempt`; 0 = the latest) or the AM's (`am=true`), from
     `offset`, or its last `tail` bytes."""
     shell = shell_of(request)
-    job = shell.core.get_job(request.match_info["job_id"])
+    job = shell.find_job(request.match_info["job_id"])
     check_may_read_logs(shell, caller(request), job)
     am = request.query.get("am", "false").lower()
     if am not in ("true", "false", "1", "0"):

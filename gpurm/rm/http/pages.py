@@ -306,7 +306,7 @@ async def _log_tails(request: web.Request, job: dict[str, Any]) -> str:
     shell, who = api.shell_of(request), api.caller(request)
     if not job["may_see_private"]:
         try:
-            check_may_read_logs(shell, who, shell.core.get_job(job["job_id"]))
+            check_may_read_logs(shell, who, shell.find_job(job["job_id"]))
         except RequestError as exc:
             return f'<p class="denied">{e(exc.message)}</p>'
     attempts = job["attempts"]
