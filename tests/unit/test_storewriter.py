@@ -82,3 +82,26 @@ def test_a_failed_transaction_fails_its_batches_and_those_behind_until_reset(tmp
     writer.close()
     meta = store.load().meta
     assert "d" in meta and not {"a", "b", "c"} & set(meta), "nothing of a failed or refused batch was written"
+
+
+def test_a_call_runs_after_the_batches_before_it_and_its_failure_is_its_own(tmp_path: Path) -> None:
+    store = GatedStore(tmp_path / "state.db")
+    writer = StoreWriter(store)
+    writer.commit(meta_rows("first", "1"))
+    assert store.entered.wait(10)
+    queued = writer.commit(meta_rows("second", "2"))
+    seen = writer.call(lambda: store.load().meta.get("second"))       # e.g. retiring what was just saved
+
+    def refuse() -> None:
+        raise StoreWriteError("disk full")
+
+    refused = writer.call(refuse)
+    after = writer.commit(meta_rows("third", "3"))
+    store.gate.set()
+    queued.result(10)
+    assert seen.result(10) == "2", "the call saw the batch queued before it"
+    with pytest.raises(StoreWriteError, match="disk full"):
+        refused.result(10)
+    after.result(10)                                                   # batches go on after a failed call
+    writer.close()
+    assert store.load().meta["third"] == "3"
