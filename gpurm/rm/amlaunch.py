@@ -116,7 +116,9 @@ class AMLauncher:
         """A reachable node offering work that runs no AM, found by a cursor going round the nodes, so that a
         launch costs O(1) while most nodes run none (the common case on a big cluster), not a scan of the fleet.
         None once a launch call has looked at every node."""
-        if len(self._ring) != len(self.cluster.nodes):
+        if len(self.cluster.nodes) - len(self._ring) > len(self._ring) // 8 or not self._ring:
+            # Nodes joined: take them in. Only once the ring is 1/8 behind, so a fleet registering costs O(1)
+            # per node (the latest few wait for the next rebuild; a full lap falls back to every node anyway).
             self._ring = list(self.cluster.nodes)
             self._at = 0
         while self._scanned < len(self._ring):

@@ -160,6 +160,7 @@ class Cluster:
         self.version = 0
         self.changed: set[str] = set()   # node ids changed since the view was last published
         self._capacity: int | None = None  # cached; node, state and health changes reset it
+        self._total: int | None = None     # GPUs of nodes not decommissioned: cached the same way
         self.shape_version = 0             # counts node, state and health changes (what servers offer, and where)
         self.releases = 0                  # counts GPU releases (and nodes coming up): "something came free"
         self.shared_nodes: set[str] = set()  # nodes with a shared GPU (place_share looks only there)
@@ -204,6 +205,7 @@ class Cluster:
         if node.shared:
             self.shared_nodes.add(node.node_id)
         self._capacity = None
+        self._total = None
         self.shape_version += 1
         self.releases += 1
         self._reindex(node)
@@ -213,6 +215,7 @@ class Cluster:
         if node.state is not state:
             node.state = state
             self._capacity = None
+            self._total = None
             self.shape_version += 1
             if node.offering:
                 self.releases += 1        # its free GPUs are on offer again
@@ -224,6 +227,7 @@ class Cluster:
         if gpu is not None and (gpu.healthy, gpu.health_reason) != (healthy, reason):
             gpu.healthy, gpu.health_reason = healthy, reason
             self._capacity = None
+            self._total = None
             self.shape_version += 1
             if healthy:
                 self.releases += 1
@@ -328,7 +332,9 @@ class Cluster:
 
     @property
     def total_gpus(self) -> int:
-        return sum(len(n.gpus) for n in self.nodes.values() if n.state is not NodeState.DECOMMISSIONED)
+        if self._total is None:       # (submit and every allocate reply ask: no scan of the fleet each time)
+            self._total = sum(len(n.gpus) for n in self.nodes.values() if n.state is not NodeState.DECOMMISSIONED)
+        return self._total
 
     @property
     def free_gpus(self) -> int:

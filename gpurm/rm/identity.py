@@ -10,6 +10,7 @@ are in docs/security.md.
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,7 @@ def metadata(context: Any, key: str) -> str:
     return ""
 
 
+@functools.lru_cache(maxsize=4096)
 def peer_is_local(peer: str) -> bool:
     """Whether a gRPC peer string (`ipv4:127.0.0.1:5000`, `ipv6:[::1]:5000`, `unix:...`) is this host's loopback."""
     if peer.startswith("unix:"):

@@ -143,6 +143,9 @@ class RMMetrics:
                                           registry=self.registry, buckets=LATENCY_BUCKETS)
         self.rpc_seconds = Histogram("gpurm_rpc_seconds", "gRPC handling time by method and status",
                                      ["method", "code"], registry=self.registry, buckets=LATENCY_BUCKETS)
+        self.loop_lag_seconds = Histogram("gpurm_event_loop_lag_seconds", "How late the RM's event loop runs a "
+                                          "timer (every request and heartbeat waits this long first)",
+                                          registry=self.registry, buckets=LATENCY_BUCKETS)
         self.commit_seconds = Histogram("gpurm_store_commit_seconds", "Store commit time (a write the RM waits "
                                         "on before it answers)", registry=self.registry, buckets=LATENCY_BUCKETS)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from gpurm.rm.messages import RMSettings
 
-RESYNC_RATE = 1000.0     # registrations per second the agents' spread aims at (a registration costs ~0.3 ms)
+RESYNC_RATE = 300.0      # registrations per second the agents' spread aims at (the RM beats for the others meanwhile)
 MIN_SPREAD_S = 0.0
 MAX_SPREAD_S = 60.0
 MIN_GRACE_S = 60.0

@@ -126,21 +126,9 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
             return handler._replace(request_deserializer=None, unary_unary=parsed_unary,
                                     response_serializer=_pass_bytes(handler.response_serializer))
         if handler.stream_stream is not None:
-            stream = handler.stream_stream
-
-            async def parsed_stream(raws: AsyncIterator[bytes], context: Ctx) -> AsyncIterator[Any]:
-                # An async generator function itself: gRPC tells a streaming handler's kind by its function.
-                async def requests() -> AsyncIterator[Any]:
-                    async for raw in raws:
-                        try:
-                            yield parse(raw)
-                        except DecodeError as exc:
-                            await refuse(context, exc)
-
-                async for reply in stream(requests(), context):
-                    yield reply
-
-            return handler._replace(request_deserializer=None, stream_stream=parsed_stream)
+            # The one stream (Heartbeat) reads raw messages itself (context.read) and parses them, refusing bad
+            # bytes the same way: no wrapper generators between gRPC and the handler on the busiest path.
+            return handler._replace(request_deserializer=None)
         return handler
 
 
@@ -508,62 +496,101 @@ class TrackerService(pbg.ResourceTrackerServicer):
             reply.token_key, reply.token_key_id = key.secret, key.key_id
         return reply
 
-    async def Heartbeat(self, request_iterator: AsyncIterator[pb.NodeHeartbeat],
-                        context: Ctx) -> AsyncIterator[pb.HeartbeatResponse]:
-        out: asyncio.Queue[pb.HeartbeatResponse | None] = asyncio.Queue()
+    async def Heartbeat(self, request_iterator: AsyncIterator[bytes], context: Ctx) -> None:
+        """One agent's heartbeat stream: each beat is answered (ack, stop orders) on it; stop orders decided
+        elsewhere are pushed down it between beats (BeatStream). Reads raw messages (see DecodeGuard)."""
         name = tls.peer_name(context)
-        reader = asyncio.create_task(self._read_beats(request_iterator, out, tls.node_of(name) if name else None))
-        try:
-            while True:
-                item = await out.get()
-                if item is None:
-                    break
-                yield item
-        finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
-
-    async def _read_beats(self, beats: AsyncIterator[pb.NodeHeartbeat],
-                          out: asyncio.Queue[pb.HeartbeatResponse | None], cert_node: str | None = None) -> None:
-        """`cert_node`: with mTLS, the node the client certificate names (None: plaintext, or not a node's)."""
+        cert_node = tls.node_of(name) if name else None
+        stream = BeatStream(context, asyncio.current_task())
         node_id = ""
         try:
-            async for beat in beats:
+            while True:
+                raw = await context.read()
+                if raw is grpc.aio.EOF:
+                    break
+                try:
+                    beat = pb.NodeHeartbeat.FromString(raw)
+                except DecodeError as exc:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, status_details(
+                        f"request: not a valid /gpurm.ResourceTracker/Heartbeat request message ({exc})"))
                 if self.shell.config.tls is not None and beat.node_id != cert_node:
                     log.warning("heartbeat stream for node %s refused: the client certificate is for %s",
                                 beat.node_id[:128], f"node {cert_node}" if cert_node else "no node")
                     break
                 node_id = beat.node_id
-                try:
-                    async with self.shell.mutation():
-                        action = self.shell.core.node_heartbeat(
-                            beat.node_id, beat.session, [convert.report_from_pb(c) for c in beat.containers],
-                            _now(), beat.healthy, beat.health_report[:2000],
-                            [(g.index, g.healthy, g.health_reason[:500]) for g in beat.gpu_health])
-                        self.shell.record_usage(beat)
-                except RequestError as exc:   # the store refuses writes: this beat changes nothing
-                    log.debug("heartbeat from %s not taken: %s", node_id, exc.message)
+                reply = await self._beat(beat, stream)
+                if reply is None:
                     continue
-                except Exception:
-                    log.exception("heartbeat from %s failed", node_id)
-                    continue
-                if beat.telemetry and action is not HeartbeatAction.REREGISTER:
-                    refused = self.shell.publish_telemetry(node_id, beat.telemetry)
-                    if refused:
-                        log.warning("node %s: %s; not republished", node_id[:128], refused)
-                if action is HeartbeatAction.REREGISTER:
-                    out.put_nowait(pb.HeartbeatResponse(ack_seq=beat.seq, action=pb.HEARTBEAT_REREGISTER))
+                await stream.send(reply)
+                if reply.action == pb.HEARTBEAT_REREGISTER:
                     break
-                self.shell.streams[node_id] = out
-                orders = self.shell.core.take_stops(node_id, _now())
-                out.put_nowait(pb.HeartbeatResponse(
-                    ack_seq=beat.seq, action=pb.HEARTBEAT_OK,
-                    stop=[pb.StopOrder(container_id=o.container_id, grace_ms=round(o.grace_s * 1000),
-                                       reason=o.reason) for o in orders]))
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
-            pass
+            pass                       # the agent went, or the RM stops (BeatStream.close)
         finally:
-            if node_id and self.shell.streams.get(node_id) is out:
+            if node_id and self.shell.streams.get(node_id) is stream:
                 del self.shell.streams[node_id]
-            out.put_nowait(None)
+
+    async def _beat(self, beat: pb.NodeHeartbeat, stream: BeatStream) -> pb.HeartbeatResponse | None:
+        """Take one beat; the reply (None: not taken, the store refuses writes or it failed: no ack)."""
+        shell = self.shell
+        node_id = beat.node_id
+        try:
+            shell.persist.check_writable()
+            core = shell.core
+            try:
+                action = core.node_heartbeat(
+                    node_id, beat.session, [convert.report_from_pb(c) for c in beat.containers], _now(),
+                    beat.healthy, beat.health_report[:2000],
+                    [(g.index, g.healthy, g.health_reason[:500]) for g in beat.gpu_health])
+                if beat.usage:
+                    shell.record_usage(beat)
+            finally:
+                await shell.flush()      # the beat's changes are written before it is acknowledged
+        except RequestError as exc:   # the store refuses writes: this beat changes nothing
+            log.debug("heartbeat from %s not taken: %s", node_id, exc.message)
+            return None
+        except Exception:
+            log.exception("heartbeat from %s failed", node_id)
+            return None
+        if beat.telemetry and action is not HeartbeatAction.REREGISTER:
+            refused = shell.publish_telemetry(node_id, beat.telemetry)
+            if refused:
+                log.warning("node %s: %s; not republished", node_id[:128], refused)
+        if action is HeartbeatAction.REREGISTER:
+            return pb.HeartbeatResponse(ack_seq=beat.seq, action=pb.HEARTBEAT_REREGISTER)
+        shell.streams[node_id] = stream
+        orders = shell.core.take_stops(node_id, _now()) if shell.core.stop_orders.pending else []
+        return pb.HeartbeatResponse(ack_seq=beat.seq, action=pb.HEARTBEAT_OK, stop=[
+            pb.StopOrder(container_id=o.container_id, grace_ms=round(o.grace_s * 1000), reason=o.reason)
+            for o in orders])
+
+
+class BeatStream:
+    """One agent's heartbeat stream, for writing: beat replies and pushed stop orders go out one at a time, in
+    order."""
+
+    def __init__(self, context: Ctx, handler: asyncio.Task[Any] | None = None) -> None:
+        self.context = context
+        self.handler = handler         # the task serving the stream (close() ends it)
+        self._lock = asyncio.Lock()
+        self._pushes: set[asyncio.Task[None]] = set()
+
+    def close(self) -> None:
+        """End the stream now (the RM is stopping): the agent registers again with the next RM."""
+        if self.handler is not None:
+            self.handler.cancel()
+
+    async def send(self, reply: pb.HeartbeatResponse) -> None:
+        async with self._lock:
+            await self.context.write(reply)
+
+    def push(self, reply: pb.HeartbeatResponse) -> None:
+        """Send between beats (stop orders decided elsewhere); on a broken stream it is dropped: the agent
+        registers again, and the RM orders the stop again from its records."""
+        task = asyncio.ensure_future(self._push(reply))
+        self._pushes.add(task)
+        task.add_done_callback(self._pushes.discard)
+
+    async def _push(self, reply: pb.HeartbeatResponse) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError, RuntimeError, asyncio.CancelledError):
+            await self.send(reply)

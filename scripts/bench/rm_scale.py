@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -116,13 +117,21 @@ def proc_usage(pid: int) -> tuple[float, float]:
 
 
 def scrape(rm: RMProcess) -> dict[str, float]:
+    """The RM's loss counters, and its event loop's lag (p50 / p99 from the histogram's buckets, in ms)."""
     info = json.loads((rm.state_dir / "rm.json").read_text())
     text = urllib.request.urlopen(info["http_url"] + "/metrics", timeout=30).read().decode()
     out: dict[str, float] = {}
+    buckets: list[tuple[float, float]] = []
     for line in text.splitlines():
         m = re.match(r"^(gpurm_(?:nodes_lost|containers_lost)_total) (\S+)$", line)
         if m:
             out[m.group(1)] = float(m.group(2))
+        m = re.match(r'^gpurm_event_loop_lag_seconds_bucket\{le="([^"]+)"\} (\S+)$', line)
+        if m:
+            buckets.append((float(m.group(1)), float(m.group(2))))
+    total = buckets[-1][1] if buckets else 0
+    for q, key in ((.5, "loop_lag_p50_ms"), (.99, "loop_lag_p99_ms")):
+        out[key] = next((le * 1000 for le, n in buckets if total and n >= q * total), 0.0)
     return out
 
 
@@ -133,7 +142,7 @@ class FleetProc:
             [sys.executable, str(ROOT / "scripts/bench/rm_scale_fleet.py"), "--rm", rm.address,
              "--keys", str(rm.state_dir / "token.key"), "--nodes", str(nodes), "--first", str(first),
              "--gpus", str(args.gpus), "--racks", str(args.racks), "--hold", str(args.hold),
-             "--ramp", str(args.ramp)],
+             "--ramp", str(args.ramp), *(["--no-ams"] if args.submit_only else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)})
 
@@ -165,7 +174,8 @@ class FleetProc:
 # ---------------------------------------------------------------- submitting
 
 
-async def submit_all(address: str, jobs: int, clients: int, sizes: list[int]) -> tuple[list[str], list[float], float]:
+async def submit_all(address: str, jobs: int, clients: int, sizes: list[int], queues: int
+                     ) -> tuple[list[str], list[float], float]:
     """Submit `jobs` jobs from `clients` concurrent callers; (acknowledged ids, latencies, seconds)."""
     ids: list[str] = []
     lat: list[float] = []
@@ -176,7 +186,7 @@ async def submit_all(address: str, jobs: int, clients: int, sizes: list[int]) ->
         async def one() -> None:
             for i in counter:
                 spec = pb.JobSpec(name=f"scale-{i}", gpus=sizes[i % len(sizes)], command=["/bin/true"],
-                                  workdir="/tmp")
+                                  workdir="/tmp", queue=f"team{i % queues}")
                 t = time.perf_counter()
                 reply = await stub.SubmitJob(pb.SubmitJobRequest(spec=spec, submit_id=uuid.uuid4().hex),
                                              metadata=((USER_KEY, USER),), timeout=60)
@@ -198,7 +208,8 @@ async def probe(address: str, jobs: int, rate: float, sizes: list[int]) -> list[
         stub = pbg.ClientStub(channel)
         for i in range(jobs):
             began = time.perf_counter()
-            spec = pb.JobSpec(name=f"probe-{i}", gpus=sizes[i % len(sizes)], command=["/bin/true"], workdir="/tmp")
+            spec = pb.JobSpec(name=f"probe-{i}", gpus=sizes[i % len(sizes)], command=["/bin/true"], workdir="/tmp",
+                              queue="team0")
             reply = await stub.SubmitJob(pb.SubmitJobRequest(spec=spec, submit_id=uuid.uuid4().hex),
                                          metadata=((USER_KEY, USER),), timeout=60)
             ids.append(reply.job_id)
@@ -280,8 +291,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["raw_echo_per_s"] = asyncio.run(echo_rate(args.clients, 3.0))
     result["raw_commit_per_s"] = commit_rate(work, 2.0)
     with run_broker(work / "broker") as broker:
+        queues = work / "queues.yaml"         # teams: jobs go round them (each queue acquires 16 at a time)
+        queues.write_text(yaml.safe_dump({"queues": {f"team{q}": {"weight": 1} for q in range(args.queues)}}))
         rm = RMProcess(work, broker, heartbeat=f"{args.interval}s", missed_beats=args.missed_beats,
-                       am={"allocate_interval": "500ms"})
+                       am={"allocate_interval": "500ms"}, queues=str(queues))
         fleets: list[FleetProc] = []
         try:
             per = -(-args.nodes // args.fleets)
@@ -293,30 +306,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for f in fleets:
                 f.read()
             result["register_all_s"] = time.perf_counter() - began
-            note(f"all {args.nodes} nodes registered in {result['register_all_s']:.1f}s; steady phase ...")
+            note(f"all {args.nodes} nodes registered in {result['register_all_s']:.1f}s; {args.duration:g}s of "
+                 "heartbeats alone ...")
             for f in fleets:
                 f.ask("reset")
             rss0, cpu0 = proc_usage(rm.proc.pid)   # type: ignore[union-attr]
             t0 = time.perf_counter()
-            ids, lat, secs = asyncio.run(submit_all(rm.address, args.jobs, args.clients, args.sizes))
-            result.update(submits=len(ids), submit_s=secs, submits_per_s=len(ids) / secs,
-                          submit_p50_ms=pct(lat, .5) * 1000, submit_p99_ms=pct(lat, .99) * 1000)
-            note(f"{len(ids)} submits in {secs:.1f}s ({len(ids) / secs:.0f}/s); holding the fleet for the rest of "
-                 f"{args.duration:g}s ...")
-            while time.perf_counter() - t0 < args.duration:
-                time.sleep(1)
+            time.sleep(args.duration)
             rss1, cpu1 = proc_usage(rm.proc.pid)   # type: ignore[union-attr]
             result["steady"] = fleet_stats(fleets)
             result.update(rm_rss_mib=rss1, rm_cpu_pct=100 * (cpu1 - cpu0) / (time.perf_counter() - t0),
                           rm_rss_start_mib=rss0)
             result["lost_before_restart"] = scrape(rm)
-            note(f"waiting for the burst's jobs to finish, then {args.probe} jobs at {args.probe_rate:g}/s for "
-                 "submit-to-granted ...")
-            wait_drained(fleets, 300)
+            note(f"heartbeat p99 {result['steady']['beat_p99_ms']:.0f} ms; now {args.jobs} submits from "
+                 f"{args.clients} clients ...")
+            for f in fleets:
+                f.ask("reset")
+            cpu0 = proc_usage(rm.proc.pid)[1]   # type: ignore[union-attr]
+            t0 = time.perf_counter()
+            ids, lat, secs = asyncio.run(submit_all(rm.address, args.jobs, args.clients, args.sizes, args.queues))
+            result.update(submits=len(ids), submit_s=secs, submits_per_s=len(ids) / secs,
+                          submit_p50_ms=pct(lat, .5) * 1000, submit_p99_ms=pct(lat, .99) * 1000)
+            note(f"{len(ids)} submits in {secs:.1f}s ({len(ids) / secs:.0f}/s); waiting for their jobs to finish ...")
+            if not args.submit_only:
+                wait_drained(fleets, 300)
+            result["load"] = fleet_stats(fleets)
+            result["rm_cpu_load_pct"] = 100 * (proc_usage(rm.proc.pid)[1] - cpu0) / (time.perf_counter() - t0)  # type: ignore[union-attr]
+            result["lost_before_restart"] = scrape(rm)
+            note(f"then {args.probe} jobs at {args.probe_rate:g}/s for submit-to-granted ...")
             for f in fleets:
                 f.ask("reset")
             ids += asyncio.run(probe(rm.address, args.probe, args.probe_rate, args.sizes))
-            result["probe"] = wait_granted(fleets, args.probe, 60)
+            result["probe"] = wait_granted(fleets, args.probe, 5 if args.submit_only else 60)
             if args.restart:
                 for f in fleets:
                     f.ask("reset")
@@ -343,13 +364,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(r: dict[str, Any]) -> str:
-    s = r["steady"]
+    q = r["steady"]
+    s = r["load"]
     lost = r["lost_before_restart"]
     rows = [
         ("nodes x GPUs, heartbeat", f"{r['nodes']} x {r['gpus_per_node']}, every {r['heartbeat_s']:g}s"),
         ("register all nodes", f"{r['register_all_s']:.1f} s"),
-        ("heartbeat RTT p50 / p99 / max", f"{s['beat_p50_ms']:.1f} / {s['beat_p99_ms']:.1f} / "
-                                          f"{s['beat_max_ms']:.0f} ms ({s['beats']} beats)"),
+        ("heartbeat RTT p50 / p99 / max", f"{q['beat_p50_ms']:.1f} / {q['beat_p99_ms']:.1f} / "
+                                          f"{q['beat_max_ms']:.0f} ms ({q['beats']} beats, heartbeats alone)"),
+        ("  ... during the submit burst", f"{s['beat_p50_ms']:.1f} / {s['beat_p99_ms']:.1f} / "
+                                          f"{s['beat_max_ms']:.0f} ms"),
         ("nodes / containers marked LOST", f"{lost.get('gpurm_nodes_lost_total', 0):.0f} / "
                                            f"{lost.get('gpurm_containers_lost_total', 0):.0f}"),
         ("acknowledged submits/s", f"{r['submits_per_s']:.0f} ({r['submits']} jobs, {r['clients']} clients; "
@@ -358,7 +382,12 @@ def table(r: dict[str, Any]) -> str:
                                         f"ms ({r['probe']['granted']} jobs submitted one by one)"),
         ("allocate p50 / p99", f"{s['allocate_p50_ms']:.1f} / {s['allocate_p99_ms']:.1f} ms "
                                f"({s['allocates']} calls)"),
-        ("RM RSS / CPU", f"{r['rm_rss_mib']:.0f} MiB / {r['rm_cpu_pct']:.0f}% of a core"),
+        ("RM RSS / CPU", f"{r['rm_rss_mib']:.0f} MiB / {r['rm_cpu_pct']:.0f}% of a core (heartbeats alone), "
+                         f"{r['rm_cpu_load_pct']:.0f}% (submits and their jobs)"),
+        ("RM event loop lag p50 / p99", f"<= {lost.get('loop_lag_p50_ms', 0):g} / <= {lost.get('loop_lag_p99_ms', 0):g}"
+                                        f" ms (histogram buckets, since start)"),
+        ("simulated fleet loop lag p50 / p99", f"{q['fleet_lag_p50_ms']:.0f} / {q['fleet_lag_p99_ms']:.0f} ms, "
+                                               f"{s['fleet_lag_p99_ms']:.0f} ms p99 in the burst (RTTs include it)"),
         ("AMs started / finished / errors", f"{s['am_started']} / {s['am_finished']} / {s['am_errors']}"),
     ]
     if "restart_serving_s" in r:
@@ -392,12 +421,16 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=16, help="concurrent submitting clients")
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16],
                     help="job sizes in GPUs, used in turn")
-    ap.add_argument("--duration", type=float, default=60.0, help="seconds of steady heartbeats (submits included)")
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds of heartbeats alone, before the submits")
+    ap.add_argument("--queues", type=int, default=8, help="leaf queues (teams) the jobs go round")
     ap.add_argument("--probe", type=int, default=50, help="jobs submitted one by one for submit-to-granted")
     ap.add_argument("--probe-rate", type=float, default=10.0, help="their rate, jobs/s")
     ap.add_argument("--hold", type=float, default=5.0, help="seconds a job holds its GPUs once granted")
     ap.add_argument("--ramp", type=float, default=0.0, help="seconds over which nodes first register (0: nodes/500)")
     ap.add_argument("--fleets", type=int, default=1, help="processes the simulated nodes are spread over")
+    ap.add_argument("--submit-only", action="store_true",
+                    help="AMs start but never register: jobs queue behind the AM slots (submitting into a full "
+                         "cluster), and the RM serves submits and heartbeats alone")
     ap.add_argument("--restart", action="store_true", help="then SIGKILL the RM, restart it, count losses")
     ap.add_argument("--watch", type=float, default=0.0, help="after a restart, watch this long for losses "
                                                              "(default: 2 node expiries)")

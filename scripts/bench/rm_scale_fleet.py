@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import random
 import resource
@@ -43,6 +44,7 @@ class Stats:
     allocate: list[float] = field(default_factory=list)
     granted: list[float] = field(default_factory=list)     # submit (RM clock) to all GPUs granted
     register: list[float] = field(default_factory=list)
+    lag: list[float] = field(default_factory=list)          # this process's own event loop lag
     registrations: int = 0
     reregister_asked: int = 0                                # the RM answered a beat with REREGISTER
     stream_breaks: int = 0
@@ -63,7 +65,6 @@ class SimNode:
     sent: dict[int, float] = field(default_factory=dict)
     live: dict[str, pb.ContainerStatus] = field(default_factory=dict)
     pending: dict[str, tuple[pb.ContainerStatus, int]] = field(default_factory=dict)   # status, first seq sent
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
     up: bool = False
     interval: float = 1.0
     spread: float = 0.0        # how long the RM wants re-registrations spread over after a break
@@ -74,7 +75,6 @@ class SimNode:
         else:
             self.live.pop(status.container_id, None)
         self.pending[status.container_id] = (status, 0)
-        self.wake.set()
 
 
 class Fleet:
@@ -84,8 +84,11 @@ class Fleet:
         self.stats = Stats()
         ids = [args.first + i for i in range(args.nodes)]
         self.nodes = {f"n{i:05d}": SimNode(f"n{i:05d}", f"rack{i % args.racks}", args.gpus) for i in ids}
+        # Real agents have a connection each; these share connections, at most 100 streams to one (the RM
+        # refuses more than limits.max_streams_per_connection, 128 by default).
+        channels = max(args.channels, len(self.nodes) // 100 + 1)
         self.channels = [grpc.aio.insecure_channel(args.rm, options=[("grpc.use_local_subchannel_pool", 1)])
-                         for _ in range(args.channels)]
+                         for _ in range(channels)]
         self.cm_port = 0
         self.measuring = True
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -96,18 +99,27 @@ class Fleet:
     # ------------------------------------------------------------ one node
 
     async def run_node(self, i: int, node: SimNode) -> None:
+        """As the real agent (nodeagent/tracker.py): after a session breaks, come back at a random point of the
+        spread the RM asked for; while the RM does not answer, retry with a jittered exponential back-off."""
         tracker = pbg.ResourceTrackerStub(self.channel(i))
-        spread = 0.0
+        backoff = 0.2
         while True:
+            was_up = False
             try:
                 await self.register(tracker, node)
-                spread = await self.beat(tracker, node)
+                backoff = 0.2
+                was_up = True
+                await self.beat(tracker, node)
+                continue                                  # asked to register again: at once
             except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as exc:
-                self.stats.stream_breaks += node.up
+                self.stats.stream_breaks += was_up
                 self.stats.last_error = str(exc)[:200]
-                spread = max(spread, 0.2)
             node.up = False
-            await asyncio.sleep(random.uniform(0.1, max(spread, 0.2)))
+            if was_up:
+                await asyncio.sleep(max(random.uniform(0.1, 0.3), random.uniform(0, node.spread)))
+            else:
+                await asyncio.sleep(random.uniform(backoff / 2, backoff))
+                backoff = min(backoff * 2, 5.0)
 
     async def register(self, tracker: Any, node: SimNode) -> None:
         node.instance = uuid.uuid4().hex
@@ -135,11 +147,13 @@ class Fleet:
         node.up = True
 
     async def beat(self, tracker: Any, node: SimNode) -> float:
+        """Beat every interval until the stream breaks or the RM asks for a new registration. Lean on purpose
+        (one sleep per beat, one plain read per reply): ten thousand of these share one process, and the RM
+        is what is measured. Container changes ride the next beat (a real agent sends them at once)."""
         call = tracker.Heartbeat()
-        interval = node.interval
         reader = asyncio.ensure_future(self.read(call, node))
         try:
-            await asyncio.sleep(random.uniform(0, interval))    # nodes beat out of phase, as real ones do
+            await asyncio.sleep(random.uniform(0, node.interval))    # nodes beat out of phase, as real ones do
             while not reader.done():
                 node.seq += 1
                 statuses = []
@@ -148,12 +162,9 @@ class Fleet:
                         node.pending[cid] = (status, node.seq)
                     statuses.append(status)
                 node.sent[node.seq] = time.perf_counter()
-                node.wake.clear()
                 await call.write(pb.NodeHeartbeat(node_id=node.node_id, session=node.session, seq=node.seq,
                                                   containers=statuses, healthy=True))
-                wait = asyncio.ensure_future(node.wake.wait())
-                await asyncio.wait([reader, wait], timeout=interval, return_when=asyncio.FIRST_COMPLETED)
-                wait.cancel()
+                await asyncio.sleep(node.interval)
             reader.result()
             return node.spread
         finally:
@@ -161,17 +172,17 @@ class Fleet:
             reader.cancel()
 
     async def read(self, call: Any, node: SimNode) -> None:
-        silence = 3 * node.interval + 5
         while True:
-            reply = await asyncio.wait_for(call.read(), silence)
+            reply = await call.read()
             if reply is grpc.aio.EOF:
                 raise ConnectionError("the RM closed the stream")
             sent = node.sent.pop(reply.ack_seq, None)
             if sent is not None and self.measuring:
                 self.stats.beat_rtt.append(time.perf_counter() - sent)
-            for old in [s for s in node.sent if s < reply.ack_seq]:
-                del node.sent[old]
-            if reply.ack_seq:
+            if len(node.sent) > 3:
+                for old in [s for s in node.sent if s < reply.ack_seq]:
+                    del node.sent[old]
+            if reply.ack_seq and node.pending:
                 for cid, (_, first) in list(node.pending.items()):
                     if first and first <= reply.ack_seq:
                         del node.pending[cid]
@@ -285,6 +296,7 @@ class Fleet:
                 "stream_breaks": s.stream_breaks, "am_started": s.am_started, "am_finished": s.am_finished,
                 "am_errors": s.am_errors, "last_error": s.last_error,
                 "live_containers": sum(len(n.live) for n in self.nodes.values()),
+                "fleet_lag_p50_ms": pct(s.lag, .5) * 1000, "fleet_lag_p99_ms": pct(s.lag, .99) * 1000,
                 "fleet_cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2])}
 
     def reset(self) -> None:
@@ -301,7 +313,7 @@ class CM(pbg.ContainerManagerServicer):
     async def StartContainer(self, request: pb.StartContainerRequest, context: Any) -> pb.StartContainerResponse:
         payload = pb.ContainerTokenPayload.FromString(request.token.payload)
         status = self.fleet.start(payload)
-        if payload.kind == pb.CONTAINER_AM:
+        if payload.kind == pb.CONTAINER_AM and not self.fleet.args.no_ams:
             task = asyncio.ensure_future(self.fleet.am(payload, dict(request.launch.env)))
             self.fleet.tasks.add(task)
             task.add_done_callback(self.fleet.tasks.discard)
@@ -328,6 +340,7 @@ async def main() -> None:
     ap.add_argument("--racks", type=int, default=50)
     ap.add_argument("--channels", type=int, default=64)
     ap.add_argument("--hold", type=float, default=5.0)
+    ap.add_argument("--no-ams", action="store_true", help="AM containers start but never register")
     ap.add_argument("--ramp", type=float, default=10.0, help="seconds over which the nodes first register")
     args = ap.parse_args()
     fleet = Fleet(args, ClusterKeys.load(args.keys))
@@ -342,8 +355,19 @@ async def main() -> None:
         await fleet.run_node(i, node)
 
     runners = [asyncio.ensure_future(staggered(i, n)) for i, n in enumerate(fleet.nodes.values())]
+
+    async def lag() -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            began = loop.time()
+            await asyncio.sleep(0.1)
+            fleet.stats.lag.append(max(0.0, loop.time() - began - 0.1))
+
+    runners.append(asyncio.ensure_future(lag()))
     while sum(n.up for n in fleet.nodes.values()) < len(fleet.nodes):
         await asyncio.sleep(0.2)
+    gc.freeze()                 # the fleet's own heap is not what is measured (see RMShell's settle_heap)
+    gc.set_threshold(20_000, 20, 100)
     emit({"event": "ready", "seconds": time.perf_counter() - began})
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -364,4 +388,8 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    try:
+        import uvloop  # ten thousand streams in one process: the client side must not be what is measured
+        uvloop.run(main())
+    except ImportError:
+        asyncio.run(main())
