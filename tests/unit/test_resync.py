@@ -8,7 +8,7 @@ from gpurm.rm.messages import RMSettings
 
 
 def test_the_spread_grows_with_the_fleet_within_bounds() -> None:
-    assert resync.spread_s(4) < 0.01, "a dev cluster's agents come back at once"
+    assert resync.spread_s(4) < 0.05, "a dev cluster's agents come back at once"
     assert resync.spread_s(10_000) == 10_000 / resync.RESYNC_RATE
     assert resync.spread_s(10_000_000) == resync.MAX_SPREAD_S
 
