@@ -767,9 +767,10 @@ GC_THRESHOLDS = (20_000, 20, 100)
 
 
 def settle_heap() -> None:
-    """After loading the store: move what was loaded out of the cyclic collector's sight, and collect less often. A full collection walks every tracked object: with 10,000 nodes and their records that
-    stalled the event loop for hundreds of milliseconds at a time (every heartbeat waited). The records are not
-    garbage; what the RM allocates per request is short-lived and freed by reference counting."""
+    """After loading the store: move what was loaded out of the cyclic collector's sight, and collect less
+    often. A full collection walks every tracked object: with 10,000 nodes and their records that stalled the
+    event loop for hundreds of milliseconds at a time (every heartbeat waited). The records are not garbage; what
+    the RM allocates per request is short-lived and freed by reference counting."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
