@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
 from gpurm.rm.store import Rows, SqliteStore, StoreWriteError
@@ -105,15 +105,17 @@ class StoreWriter:
             self.transactions += 1
             self.batches += len(group)
             for _, fut in group:
-                fut.set_result(None)
+                _settle(fut, None)
 
     @staticmethod
     def _run_call(write: Rows | Callable[[], Any], fut: Future[Any]) -> None:
         assert not isinstance(write, Rows)
         try:
-            fut.set_result(write())
+            result = write()
         except BaseException as exc:       # the caller decides; the batches go on
-            fut.set_exception(exc)
+            _settle(fut, None, exc)
+            return
+        _settle(fut, result)
 
     def _fail(self, group: list[tuple[Rows | Callable[[], Any], Future[Any]]], exc: StoreWriteError) -> None:
         with self._cv:
@@ -122,4 +124,18 @@ class StoreWriter:
         log.error("store write failed (%s): %d requests in the transaction and %d behind it fail", exc,
                   len(group), len(behind))
         for _, fut in group + behind:
-            fut.set_exception(StoreWriteError(str(exc)))
+            _settle(fut, None, StoreWriteError(str(exc)))
+
+
+def _settle(fut: Future[Any], result: Any, exc: BaseException | None = None) -> None:
+    """Complete a request's future, unless its request went away (a cancelled future: the client hung up or the
+    stream ended while its rows were being written; they are written all the same, just not acknowledged)."""
+    if fut.cancelled():
+        return
+    try:
+        if exc is None:
+            fut.set_result(result)
+        else:
+            fut.set_exception(exc)
+    except InvalidStateError:
+        pass                  # cancelled in between: as above

@@ -105,3 +105,17 @@ def test_a_call_runs_after_the_batches_before_it_and_its_failure_is_its_own(tmp_
     after.result(10)                                                   # batches go on after a failed call
     writer.close()
     assert store.load().meta["third"] == "3"
+
+
+def test_a_request_that_went_away_does_not_stop_the_writer(tmp_path: Path) -> None:
+    store = GatedStore(tmp_path / "state.db")
+    writer = StoreWriter(store)
+    writer.commit(meta_rows("first", "1"))
+    assert store.entered.wait(10)
+    gone = writer.commit(meta_rows("gone", "2"))
+    assert gone.cancel(), "its awaiting request was cancelled (a client hung up)"
+    store.gate.set()
+    writer.commit(meta_rows("after", "3")).result(10)     # the writer lives on
+    writer.close()
+    meta = store.load().meta
+    assert meta["gone"] == "2" and meta["after"] == "3", "the cancelled batch was written all the same"
