@@ -43,25 +43,25 @@ class StoreWriter:
     def commit(self, rows: Rows) -> Future[None]:
         """A future that completes once `rows` are on disk, or fails with StoreWriteError."""
         fut: Future[None] = Future()
-        with self._cv:
-            if self._error or self._closed:
-                fut.set_exception(StoreWriteError(self._error or "the store is closed"))
-                return fut
-            self._queue.append((rows, fut))
-            self._cv.notify()
+        self._enqueue(rows, fut)
         return fut
 
     def call(self, write: Callable[[], T]) -> Future[T]:
         """Run `write` (a store method that commits its own transaction, e.g. retiring finished jobs) on the
         writer thread, after every batch queued before it. Its failure fails its future alone."""
         fut: Future[T] = Future()
+        self._enqueue(write, fut)
+        return fut
+
+    def _enqueue(self, item: Rows | Callable[[], Any], fut: Future[Any]) -> None:
+        """Queue a batch or a call, or fail its future at once while the writer refuses (after a failed
+        transaction, until reset) or is closed."""
         with self._cv:
             if self._error or self._closed:
                 fut.set_exception(StoreWriteError(self._error or "the store is closed"))
-                return fut
-            self._queue.append((write, fut))
+                return
+            self._queue.append((item, fut))
             self._cv.notify()
-        return fut
 
     def reset(self) -> None:
         """Take batches again (the shell rolled memory back to what the store holds)."""
