@@ -33,6 +33,7 @@ log = logging.getLogger("gpurm.am")
 T = TypeVar("T")
 RM_RETRY_FOR_S = AM_POLICY.give_up_s     # ride out an RM restart for this long (rm.yaml am.rm_retry_for)
 AGENT_TIMEOUT_S = 15.0
+MAX_STEADY_S = 60.0          # the longest wait between calls an RM may ask of a running AM
 TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
              grpc.StatusCode.RESOURCE_EXHAUSTED)
 
@@ -99,6 +100,7 @@ class AMRunner:
         self.spec: JobSpec | None = None
         self.view: ViewFollower | None = None
         self.interval = 0.5
+        self._steady = 2.0  # between calls while the job just runs (the RM says how long)
         self.rng = random.Random()
 
     # ------------------------------------------------------------ RM calls that ride out an RM restart
@@ -205,6 +207,8 @@ class AMRunner:
                 resp = await self._rm_call("allocate", lambda req=request: self.am.Allocate(  # type: ignore[misc]
                     req, metadata=self.metadata, timeout=10))
                 response_id = resp.response_id
+                # A running job's AM calls less often; the RM stretches that with the number of AMs (rm/pacing.py).
+                self._steady = max(self.interval * 4, min(resp.steady_interval_ms / 1000, MAX_STEADY_S))
                 now = time.time()
                 self._take_am_token(resp.am_token)
                 master.set_target(resp.target_gpus, now)
@@ -230,7 +234,7 @@ class AMRunner:
                     self._wake.clear()
                     fast = master.phase in (Phase.ACQUIRING, Phase.LAUNCHING, Phase.STOPPING)
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), self.interval if fast else self.interval * 4)
+                        await asyncio.wait_for(self._wake.wait(), self.interval if fast else self._steady)
             await self._finish(master)
         except AMExit as exc:
             log.warning("AM stops: %s", exc)

@@ -722,7 +722,7 @@ class PreemptionNotice(_message.Message):
     def __init__(self, container_ids: _Optional[_Iterable[str]] = ..., deadline_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class AllocateResponse(_message.Message):
-    __slots__ = ("response_id", "grants", "completed", "preemption", "kill_requested", "cluster_gpus", "view", "preemptible_containers", "renewed", "am_token", "target_gpus")
+    __slots__ = ("response_id", "grants", "completed", "preemption", "kill_requested", "cluster_gpus", "view", "preemptible_containers", "renewed", "am_token", "target_gpus", "steady_interval_ms")
     RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
     GRANTS_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_FIELD_NUMBER: _ClassVar[int]
@@ -734,6 +734,7 @@ class AllocateResponse(_message.Message):
     RENEWED_FIELD_NUMBER: _ClassVar[int]
     AM_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TARGET_GPUS_FIELD_NUMBER: _ClassVar[int]
+    STEADY_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     response_id: int
     grants: _containers.RepeatedCompositeFieldContainer[ContainerGrant]
     completed: _containers.RepeatedCompositeFieldContainer[ContainerStatus]
@@ -745,7 +746,8 @@ class AllocateResponse(_message.Message):
     renewed: _containers.RepeatedCompositeFieldContainer[ContainerGrant]
     am_token: str
     target_gpus: int
-    def __init__(self, response_id: _Optional[int] = ..., grants: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., completed: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., preemption: _Optional[_Union[PreemptionNotice, _Mapping]] = ..., kill_requested: _Optional[bool] = ..., cluster_gpus: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ..., preemptible_containers: _Optional[_Iterable[str]] = ..., renewed: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., am_token: _Optional[str] = ..., target_gpus: _Optional[int] = ...) -> None: ...
+    steady_interval_ms: int
+    def __init__(self, response_id: _Optional[int] = ..., grants: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., completed: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., preemption: _Optional[_Union[PreemptionNotice, _Mapping]] = ..., kill_requested: _Optional[bool] = ..., cluster_gpus: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ..., preemptible_containers: _Optional[_Iterable[str]] = ..., renewed: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., am_token: _Optional[str] = ..., target_gpus: _Optional[int] = ..., steady_interval_ms: _Optional[int] = ...) -> None: ...
 
 class FinishAMRequest(_message.Message):
     __slots__ = ("job_id", "am_attempt", "final_state", "diagnostics", "exit_code", "attempts")

@@ -142,6 +142,7 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     s.am_register_timeout_s = am.duration("register_timeout", s.am_register_timeout_s)
     s.am_liveness_timeout_s = am.duration("liveness_timeout", s.am_liveness_timeout_s)
     s.allocate_interval_s = am.duration("allocate_interval", s.allocate_interval_s)
+    s.max_allocate_rate = am.number("max_allocate_rate", s.max_allocate_rate, minimum=0.1)
     s.max_active_ams = am.integer("max_active", s.max_active_ams, minimum=1)
     s.max_acquiring_per_queue = am.integer("max_acquiring_per_queue", s.max_acquiring_per_queue, minimum=1)
     cfg.am_rm_retry_for_s = am.duration("rm_retry_for", cfg.am_rm_retry_for_s)

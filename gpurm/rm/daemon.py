@@ -47,6 +47,7 @@ from gpurm.rm.messages import ErrorCode, JobChanged, LaunchAM, RequestError
 from gpurm.rm.metrics import RMMetrics
 from gpurm.rm.model import Container, ContainerKind, Job
 from gpurm.rm.netcheck import listen_problem
+from gpurm.rm.pacing import steady_allocate_interval
 from gpurm.rm.paging import ListIndexes
 from gpurm.rm.persist import RETRY_S, Persister, rebuild_core
 from gpurm.rm.retention import Retention
@@ -252,6 +253,12 @@ class RMShell:
 
     def check_join(self, request: pb.RegisterNodeRequest) -> str:
         return self.creds.check_join(request, time.time())
+
+    def steady_interval_ms(self) -> int:
+        """How long a running AM waits between Allocate calls, spread by the number of live AMs (rm/pacing.py)."""
+        s = self.core.settings
+        return round(1000 * steady_allocate_interval(s.allocate_interval_s, len(self.core.ams.with_am),
+                                                     s.max_allocate_rate, s.am_liveness_timeout_s))
 
     def fresh_am_token(self, job_id: str, am_attempt: int, ttl_s: float | None = None) -> str:
         ttl = ttl_s if ttl_s is not None else self.core.settings.token_ttl_s

@@ -48,6 +48,7 @@ class RMSettings:
     kill_grace_s: float = 10.0
     stop_resend_s: float = 10.0           # re-send a stop order the agent has not acted on
     allocate_interval_s: float = 0.5
+    max_allocate_rate: float = 500.0     # running AMs' allocate calls a second, at most (rm/pacing.py)
     token_ttl_s: float = 600.0            # container and AM tokens; their holders renew them (docs/security.md)
     inqueue_preemption: bool = True       # las / srtf leaves preempt inside the queue (Tiresias), daemon and simulator
     inqueue_min_run_s: float = 300.0      # a job runs at least this long before a same-queue job may preempt it

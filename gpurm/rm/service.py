@@ -375,7 +375,7 @@ class AMService(pbg.ApplicationMasterServicer):
             response_id=result.response_id, grants=[self.shell.grant_pb(g.container_id) for g in result.grants],
             completed=[convert.container_status_to_pb(c) for c in result.completed],
             kill_requested=result.kill_requested, cluster_gpus=self.shell.core.cluster.total_gpus,
-            target_gpus=result.target_gpus)
+            target_gpus=result.target_gpus, steady_interval_ms=self.shell.steady_interval_ms())
         resp.renewed.extend(self.shell.renew_grants(request.job_id, {g.container_id for g in result.grants}))
         renewed_token = self.shell.renew_am_token(request.job_id, request.am_attempt, presented)
         if renewed_token:

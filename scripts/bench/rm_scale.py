@@ -116,22 +116,43 @@ def proc_usage(pid: int) -> tuple[float, float]:
     return rss, cpu
 
 
-def scrape(rm: RMProcess) -> dict[str, float]:
-    """The RM's loss counters, and its event loop's lag (p50 / p99 from the histogram's buckets, in ms)."""
+def metrics_text(rm: RMProcess) -> str:
     info = json.loads((rm.state_dir / "rm.json").read_text())
-    text = urllib.request.urlopen(info["http_url"] + "/metrics", timeout=30).read().decode()
-    out: dict[str, float] = {}
-    buckets: list[tuple[float, float]] = []
+    text: str = urllib.request.urlopen(info["http_url"] + "/metrics", timeout=30).read().decode()
+    return text
+
+
+def buckets(text: str, name: str) -> list[tuple[float, float]]:
+    """A histogram's cumulative buckets (upper bound, count) from the RM's /metrics text."""
+    out = []
+    for line in text.splitlines():
+        m = re.match(rf'^{name}_bucket\{{le="([^"]+)"\}} (\S+)$', line)
+        if m:
+            out.append((float(m.group(1)), float(m.group(2))))
+    return out
+
+
+def bucket_pct(now: list[tuple[float, float]], before: list[tuple[float, float]], q: float) -> float:
+    """The q-quantile's bucket bound in ms, of what was observed between two scrapes (an upper bound)."""
+    base = dict(before)
+    diff = [(le, n - base.get(le, 0.0)) for le, n in now]
+    total = diff[-1][1] if diff else 0
+    return next((le * 1000 for le, n in diff if total and n >= q * total), 0.0)
+
+
+def scrape(rm: RMProcess) -> dict[str, Any]:
+    """The RM's loss counters, its event loop's lag (p50 / p99 from the histogram's buckets, in ms) and the
+    buckets of its own allocate handling time (gpurm_allocate_seconds)."""
+    text = metrics_text(rm)
+    out: dict[str, Any] = {}
     for line in text.splitlines():
         m = re.match(r"^(gpurm_(?:nodes_lost|containers_lost)_total) (\S+)$", line)
         if m:
             out[m.group(1)] = float(m.group(2))
-        m = re.match(r'^gpurm_event_loop_lag_seconds_bucket\{le="([^"]+)"\} (\S+)$', line)
-        if m:
-            buckets.append((float(m.group(1)), float(m.group(2))))
-    total = buckets[-1][1] if buckets else 0
-    for q, key in ((.5, "loop_lag_p50_ms"), (.99, "loop_lag_p99_ms")):
-        out[key] = next((le * 1000 for le, n in buckets if total and n >= q * total), 0.0)
+    lag = buckets(text, "gpurm_event_loop_lag_seconds")
+    out["loop_lag_p50_ms"] = bucket_pct(lag, [], .5)
+    out["loop_lag_p99_ms"] = bucket_pct(lag, [], .99)
+    out["allocate_buckets"] = buckets(text, "gpurm_allocate_seconds")
     return out
 
 
@@ -323,6 +344,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for f in fleets:
                 f.ask("reset")
             cpu0 = proc_usage(rm.proc.pid)[1]   # type: ignore[union-attr]
+            alloc0 = result["lost_before_restart"]["allocate_buckets"]
             t0 = time.perf_counter()
             ids, lat, secs = asyncio.run(submit_all(rm.address, args.jobs, args.clients, args.sizes, args.queues))
             result.update(submits=len(ids), submit_s=secs, submits_per_s=len(ids) / secs,
@@ -333,6 +355,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result["load"] = fleet_stats(fleets)
             result["rm_cpu_load_pct"] = 100 * (proc_usage(rm.proc.pid)[1] - cpu0) / (time.perf_counter() - t0)  # type: ignore[union-attr]
             result["lost_before_restart"] = scrape(rm)
+            alloc1 = result["lost_before_restart"]["allocate_buckets"]
+            result["rm_allocate_p50_ms"] = bucket_pct(alloc1, alloc0, .5)
+            result["rm_allocate_p99_ms"] = bucket_pct(alloc1, alloc0, .99)
             note(f"then {args.probe} jobs at {args.probe_rate:g}/s for submit-to-granted ...")
             for f in fleets:
                 f.ask("reset")
@@ -380,8 +405,10 @@ def table(r: dict[str, Any]) -> str:
                                    f"p50 {r['submit_p50_ms']:.1f} ms, p99 {r['submit_p99_ms']:.1f} ms)"),
         ("submit to granted p50 / p99", f"{r['probe']['granted_p50_ms']:.0f} / {r['probe']['granted_p99_ms']:.0f} "
                                         f"ms ({r['probe']['granted']} jobs submitted one by one)"),
-        ("allocate p50 / p99", f"{s['allocate_p50_ms']:.1f} / {s['allocate_p99_ms']:.1f} ms "
-                               f"({s['allocates']} calls)"),
+        ("allocate p50 / p99, AMs' side", f"{s['allocate_p50_ms']:.1f} / {s['allocate_p99_ms']:.1f} ms "
+                                          f"({s['allocates']} calls; includes the fleet's own lag)"),
+        ("allocate p50 / p99, RM's side", f"<= {r['rm_allocate_p50_ms']:g} / <= {r['rm_allocate_p99_ms']:g} ms "
+                                          "(gpurm_allocate_seconds buckets, the burst and its jobs)"),
         ("RM RSS / CPU", f"{r['rm_rss_mib']:.0f} MiB / {r['rm_cpu_pct']:.0f}% of a core (heartbeats alone), "
                          f"{r['rm_cpu_load_pct']:.0f}% (submits and their jobs)"),
         ("RM event loop lag p50 / p99", f"<= {lost.get('loop_lag_p50_ms', 0):g} / <= {lost.get('loop_lag_p99_ms', 0):g}"

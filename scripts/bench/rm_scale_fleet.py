@@ -264,9 +264,13 @@ class Fleet:
                                for i, g in enumerate(learners)]
                     report = pb.AttemptReport(attempt=1, state=pb.JOB_RUNNING, start_ms=started, learners=running)
                     continue
-                if granted_at is not None and time.time() - granted_at >= self.args.hold:
+                left = self.args.hold - (time.time() - granted_at) if granted_at is not None else 0.0
+                if granted_at is not None and left <= 0:
                     break
-                await asyncio.sleep(interval)
+                # As the real AM (am/runner.py): every interval while acquiring; once running, 4x less often, or
+                # as much less as the RM asks (rm/pacing.py). It wakes to finish when its hold is over.
+                steady = max(4 * interval, reply.steady_interval_ms / 1000)
+                await asyncio.sleep(interval if granted_at is None else min(steady, left))
             for g in learners:
                 self.end(g.node_id, g.container_id)
             done = pb.AttemptReport(attempt=1, state=pb.JOB_SUCCEEDED, start_ms=started,
