@@ -55,7 +55,7 @@ class RMConfig:
     settings: RMSettings = field(default_factory=RMSettings)
     view_publish_interval_s: float = 0.2    # deltas at most this often
     view_snapshot_interval_s: float = 5.0   # a retained full snapshot at most this often
-    scheduler_interval_s: float = 0.05     # at most one scheduling pass per interval under load
+    scheduler_interval_s: float = 0.02     # at most one scheduling pass per interval under load
     limits: ServerLimits = field(default_factory=ServerLimits)
     tls: TLSConfig | None = None            # mTLS for every gRPC connection; None = plaintext
     shutdown_grace_s: float = 2.0           # on SIGTERM/SIGINT: time in-flight requests get to finish

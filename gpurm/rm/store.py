@@ -147,6 +147,12 @@ _RECORDS: tuple[tuple[str, str, type], ...] = (("jobs", "job_id", Job), ("contai
                                                ("nodes", "node_id", Node))
 
 
+_UPSERTS = (("jobs", "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?)"),
+            ("containers", "INSERT OR REPLACE INTO containers VALUES (?, ?, ?, ?)"),
+            ("nodes", "INSERT OR REPLACE INTO nodes VALUES (?, ?)"),
+            ("meta", "INSERT OR REPLACE INTO meta VALUES (?, ?)"))
+
+
 def _describe(exc: sqlite3.Error | OSError) -> str:
     return str(exc) or type(exc).__name__
 
@@ -282,14 +288,15 @@ class SqliteStore:
         """Commit several requests' rows in one transaction (group commit: rm/storewriter.py), in order: a later
         batch's version of a record wins. All or nothing, as `save`."""
         db = self._db
+        # One statement per table for the whole group, in order (a later batch's row replaces an earlier one's):
+        # every statement hands the GIL back and waits for it again, and the RM's busy event loop holds it.
+        tables = [(sql, [row for b in batches for row in getattr(b, table)]) for table, sql in _UPSERTS]
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
-                for b in batches:
-                    db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?)", b.jobs)
-                    db.executemany("INSERT OR REPLACE INTO containers VALUES (?, ?, ?, ?)", b.containers)
-                    db.executemany("INSERT OR REPLACE INTO nodes VALUES (?, ?)", b.nodes)
-                    db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", b.meta)
+                for sql, values in tables:
+                    if values:
+                        db.executemany(sql, values)
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:     # SQLite may have rolled back itself (e.g. on SQLITE_FULL)

@@ -152,7 +152,8 @@ def scrape(rm: RMProcess) -> dict[str, Any]:
     lag = buckets(text, "gpurm_event_loop_lag_seconds")
     out["loop_lag_p50_ms"] = bucket_pct(lag, [], .5)
     out["loop_lag_p99_ms"] = bucket_pct(lag, [], .99)
-    out["allocate_buckets"] = buckets(text, "gpurm_allocate_seconds")
+    for name in ("allocate", "schedule_pass", "store_commit"):
+        out[f"{name}_buckets"] = buckets(text, f"gpurm_{name}_seconds")
     return out
 
 
@@ -344,7 +345,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for f in fleets:
                 f.ask("reset")
             cpu0 = proc_usage(rm.proc.pid)[1]   # type: ignore[union-attr]
-            alloc0 = result["lost_before_restart"]["allocate_buckets"]
+            before = result["lost_before_restart"]
             t0 = time.perf_counter()
             ids, lat, secs = asyncio.run(submit_all(rm.address, args.jobs, args.clients, args.sizes, args.queues))
             result.update(submits=len(ids), submit_s=secs, submits_per_s=len(ids) / secs,
@@ -355,9 +356,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result["load"] = fleet_stats(fleets)
             result["rm_cpu_load_pct"] = 100 * (proc_usage(rm.proc.pid)[1] - cpu0) / (time.perf_counter() - t0)  # type: ignore[union-attr]
             result["lost_before_restart"] = scrape(rm)
-            alloc1 = result["lost_before_restart"]["allocate_buckets"]
-            result["rm_allocate_p50_ms"] = bucket_pct(alloc1, alloc0, .5)
-            result["rm_allocate_p99_ms"] = bucket_pct(alloc1, alloc0, .99)
+            after = result["lost_before_restart"]
+            for name in ("allocate", "schedule_pass", "store_commit"):
+                for q in (50, 99):
+                    result[f"rm_{name}_p{q}_ms"] = bucket_pct(after[f"{name}_buckets"], before[f"{name}_buckets"],
+                                                              q / 100)
             note(f"then {args.probe} jobs at {args.probe_rate:g}/s for submit-to-granted ...")
             for f in fleets:
                 f.ask("reset")
@@ -409,6 +412,10 @@ def table(r: dict[str, Any]) -> str:
                                           f"({s['allocates']} calls; includes the fleet's own lag)"),
         ("allocate p50 / p99, RM's side", f"<= {r['rm_allocate_p50_ms']:g} / <= {r['rm_allocate_p99_ms']:g} ms "
                                           "(gpurm_allocate_seconds buckets, the burst and its jobs)"),
+        ("  ... its pass / commit p50 / p99", f"<= {r['rm_schedule_pass_p50_ms']:g} / "
+                                              f"<= {r['rm_schedule_pass_p99_ms']:g} ms scheduling pass, "
+                                              f"<= {r['rm_store_commit_p50_ms']:g} / "
+                                              f"<= {r['rm_store_commit_p99_ms']:g} ms store commit"),
         ("RM RSS / CPU", f"{r['rm_rss_mib']:.0f} MiB / {r['rm_cpu_pct']:.0f}% of a core (heartbeats alone), "
                          f"{r['rm_cpu_load_pct']:.0f}% (submits and their jobs)"),
         ("RM event loop lag p50 / p99", f"<= {lost.get('loop_lag_p50_ms', 0):g} / <= {lost.get('loop_lag_p99_ms', 0):g}"
