@@ -39,6 +39,14 @@ class HTTPConfig:
 
 
 @dataclass
+class HAConfig:
+    """rm.yaml `ha:`: this RM is one of several on one PostgreSQL store; one leads, the others stand by."""
+
+    enabled: bool = False
+    lease_s: float = 5.0       # a leader that stops renewing loses the lead after this (a takeover: about this long)
+
+
+@dataclass
 class RMConfig:
     listen: str = "127.0.0.1:7070"
     advertise: str = ""                 # what agents and AMs dial; defaults to listen
@@ -64,6 +72,7 @@ class RMConfig:
     http: HTTPConfig = field(default_factory=HTTPConfig)
     am_rm_retry_for_s: float = AM_POLICY.give_up_s   # an AM rides out an unreachable RM this long (0: forever)
     retention: RetentionSettings = field(default_factory=RetentionSettings)   # finished jobs (rm/retention.py)
+    ha: HAConfig = field(default_factory=HAConfig)   # several RMs on one PostgreSQL (rm/leadership.py)
 
     @property
     def advertised(self) -> str:
@@ -178,6 +187,7 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     st.reject_unknown()
     cfg.http = read_http_section(r)
     cfg.retention = read_retention_section(r)
+    cfg.ha = read_ha_section(r)
     cfg.settings = s
     r.reject_unknown()
     p.raise_if_any()
@@ -245,4 +255,14 @@ def read_retention_section(r: Reader) -> RetentionSettings:
                          f"it left memory; got {out.store_s:g}s")
     out.batch = t.integer("batch", out.batch, minimum=1, maximum=1_000_000)
     t.reject_unknown()
+    return out
+
+
+def read_ha_section(r: Reader) -> HAConfig:
+    h = r.section("ha")
+    out = HAConfig(enabled=h.flag("enabled", False))
+    out.lease_s = h.duration("lease", out.lease_s, maximum=600.0)
+    if out.lease_s < 1.0:
+        h.error("lease", f"must be at least 1s (renewed every third of it), got {out.lease_s:g}s")
+    h.reject_unknown()
     return out
