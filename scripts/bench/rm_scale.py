@@ -158,13 +158,14 @@ def scrape(rm: RMProcess) -> dict[str, Any]:
 
 
 class FleetProc:
-    def __init__(self, rm: RMProcess, args: argparse.Namespace, first: int, nodes: int, log: Path) -> None:
+    def __init__(self, rm: RMProcess, args: argparse.Namespace, first: int, nodes: int, log: Path,
+                 extra: tuple[str, ...] = ()) -> None:
         self.log = log.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, str(ROOT / "scripts/bench/rm_scale_fleet.py"), "--rm", rm.address,
              "--keys", str(rm.state_dir / "token.key"), "--nodes", str(nodes), "--first", str(first),
              "--gpus", str(args.gpus), "--racks", str(args.racks), "--hold", str(args.hold),
-             "--ramp", str(args.ramp), *(["--no-ams"] if args.submit_only else [])],
+             "--ramp", str(args.ramp), *(["--no-ams"] if args.submit_only else []), *extra],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)})
 
@@ -284,9 +285,16 @@ async def missing_jobs(address: str, ids: list[str]) -> int:
 
 
 def fleet_stats(fleets: list[FleetProc]) -> dict[str, Any]:
-    """One fleet's stats (the figures of several fleets are reported per fleet: the first is representative)."""
+    """The processes' stats together: counts summed, p99s their worst, a p50 from the process with the most
+    samples of it (each process's own lag is reported as the worst of them)."""
     parts = [f.ask("stats") for f in fleets]
     out = dict(parts[0])
+    for prefix, count in (("beat", "beats"), ("allocate", "allocates"), ("granted", "granted"),
+                          ("register", "registrations")):
+        out[f"{prefix}_p50_ms"] = max(parts, key=lambda p, c=count: p[c])[f"{prefix}_p50_ms"]  # type: ignore[misc]
+    for key in ("fleet_lag_p50_ms", "fleet_lag_p99_ms"):
+        out[key] = max(p[key] for p in parts)
+    out["am_process_lag_p99_ms"] = max((p["fleet_lag_p99_ms"] for p in parts if p["nodes"] == 0), default=0.0)
     for key in ("nodes", "up", "beats", "allocates", "granted", "registrations", "reregister_asked",
                 "stream_breaks", "am_started", "am_finished", "am_errors", "live_containers"):
         out[key] = sum(p[key] for p in parts)
@@ -320,12 +328,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         fleets: list[FleetProc] = []
         try:
             per = -(-args.nodes // args.fleets)
-            note(f"starting {args.nodes} simulated nodes ({args.fleets} process(es)) ...")
+            note(f"starting {args.nodes} simulated nodes ({args.fleets} process(es)"
+                 f"{', their AMs in another' if args.separate_ams else ''}) ...")
             began = time.perf_counter()
-            for f in range(args.fleets):
-                count = min(per, args.nodes - f * per)
-                fleets.append(FleetProc(rm, args, f * per, count, work / f"fleet{f}.log"))
-            for f in fleets:
+            ranges = [(f * per, min(per, args.nodes - f * per), work / f"fleet{f}.sock") for f in range(args.fleets)]
+            node_extra: tuple[str, ...] = ()
+            if args.separate_ams:
+                # The AMs in a process of their own: the nodes' heartbeats do not delay their calls (what the
+                # allocate figures measure), as on a real cluster, where AMs and agents are separate processes.
+                ams = FleetProc(rm, args, 0, 0, work / "ams.log",
+                                tuple(x for first, n, sock in ranges for x in ("--relay", f"{sock}:{first}:{n}")))
+                node_extra = ("--cm-port", str(ams.read()["cm_port"]))
+                fleets.append(ams)
+            for first, count, sock in ranges:
+                fleets.append(FleetProc(rm, args, first, count, work / f"fleet{first // per}.log",
+                                        (*node_extra, "--reports", str(sock)) if node_extra else ()))
+            for f in fleets[1 if args.separate_ams else 0:]:
                 f.read()
             result["register_all_s"] = time.perf_counter() - began
             note(f"all {args.nodes} nodes registered in {result['register_all_s']:.1f}s; {args.duration:g}s of "
@@ -421,7 +439,9 @@ def table(r: dict[str, Any]) -> str:
         ("RM event loop lag p50 / p99", f"<= {lost.get('loop_lag_p50_ms', 0):g} / <= {lost.get('loop_lag_p99_ms', 0):g}"
                                         f" ms (histogram buckets, since start)"),
         ("simulated fleet loop lag p50 / p99", f"{q['fleet_lag_p50_ms']:.0f} / {q['fleet_lag_p99_ms']:.0f} ms, "
-                                               f"{s['fleet_lag_p99_ms']:.0f} ms p99 in the burst (RTTs include it)"),
+                                               f"{s['fleet_lag_p99_ms']:.0f} ms p99 in the burst (RTTs include it)"
+                                               + (f"; the AMs' process {s['am_process_lag_p99_ms']:.0f} ms"
+                                                  if s["am_process_lag_p99_ms"] else "")),
         ("AMs started / finished / errors", f"{s['am_started']} / {s['am_finished']} / {s['am_errors']}"),
     ]
     if "restart_serving_s" in r:
@@ -462,6 +482,8 @@ def main() -> int:
     ap.add_argument("--hold", type=float, default=5.0, help="seconds a job holds its GPUs once granted")
     ap.add_argument("--ramp", type=float, default=0.0, help="seconds over which nodes first register (0: nodes/500)")
     ap.add_argument("--fleets", type=int, default=1, help="processes the simulated nodes are spread over")
+    ap.add_argument("--separate-ams", action=argparse.BooleanOptionalAction, default=True,
+                    help="run the simulated AMs in a process of their own (default), not beside the nodes")
     ap.add_argument("--submit-only", action="store_true",
                     help="AMs start but never register: jobs queue behind the AM slots (submitting into a full "
                          "cluster), and the RM serves submits and heartbeats alone")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import gc
 import json
 import random
@@ -89,9 +90,15 @@ class Fleet:
         channels = max(args.channels, len(self.nodes) // 100 + 1)
         self.channels = [grpc.aio.insecure_channel(args.rm, options=[("grpc.use_local_subchannel_pool", 1)])
                          for _ in range(channels)]
-        self.cm_port = 0
+        self.cm_port = args.cm_port
         self.measuring = True
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.started: dict[str, pb.ContainerStatus] = {}      # containers this process started, until they end
+        # The AMs' process hands container changes to the process whose simulated node runs them (--relay).
+        self.relays: list[tuple[int, int, str]] = [(int(a), int(b), path) for path, a, b in
+                                                   (r.rsplit(":", 2) for r in args.relay)]
+        self.relay_writers: dict[str, asyncio.StreamWriter] = {}
+        self.relay_waiting: dict[str, list[bytes]] = {}
 
     def channel(self, i: int) -> grpc.aio.Channel:
         return self.channels[i % len(self.channels)]
@@ -200,21 +207,61 @@ class Fleet:
     # ------------------------------------------------------------ containers and AMs
 
     def start(self, payload: pb.ContainerTokenPayload) -> pb.ContainerStatus:
-        node = self.nodes[payload.node_id]
         status = pb.ContainerStatus(container_id=payload.container_id, job_id=payload.job_id, kind=payload.kind,
                                     state=pb.CONTAINER_RUNNING, pid=4242, node_id=payload.node_id,
                                     gpu_indices=payload.gpu_indices, start_ms=int(time.time() * 1000))
-        node.report(status)
+        self.started[payload.container_id] = status
+        self.report(status)
         return status
 
     def end(self, node_id: str, container_id: str) -> None:
-        node = self.nodes.get(node_id)
-        if node is None or container_id not in node.live:
+        s = self.started.pop(container_id, None)
+        if s is None:
             return
-        s = node.live[container_id]
-        node.report(pb.ContainerStatus(container_id=s.container_id, job_id=s.job_id, kind=s.kind,
+        self.report(pb.ContainerStatus(container_id=s.container_id, job_id=s.job_id, kind=s.kind,
                                        state=pb.CONTAINER_EXITED, exit_code=0, node_id=node_id,
                                        gpu_indices=s.gpu_indices, end_ms=int(time.time() * 1000)))
+
+    def report(self, status: pb.ContainerStatus) -> None:
+        """A container change, onto its node's next beat: here, or in the process that simulates the node."""
+        if not self.relays:
+            self.take(status)
+            return
+        index = int(status.node_id[1:])
+        path = next(p for first, count, p in self.relays if first <= index < first + count)
+        line = status.node_id.encode() + b" " + base64.b64encode(status.SerializeToString()) + b"\n"
+        writer = self.relay_writers.get(path)
+        if writer is not None:
+            writer.write(line)
+        elif path in self.relay_waiting:
+            self.relay_waiting[path].append(line)      # in order, behind the connection being made
+        else:
+            self.relay_waiting[path] = [line]
+            task = asyncio.ensure_future(self._connect_relay(path))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _connect_relay(self, path: str) -> None:
+        _, writer = await asyncio.open_unix_connection(path)
+        for line in self.relay_waiting.pop(path):
+            writer.write(line)
+        self.relay_writers[path] = writer
+
+    def take(self, status: pb.ContainerStatus) -> None:
+        node = self.nodes.get(status.node_id)
+        if node is None:
+            return
+        if status.state == pb.CONTAINER_EXITED and status.container_id not in node.live:
+            return          # ended already (a stop order the node carried out)
+        node.report(status)
+
+    async def serve_relay(self, path: str) -> asyncio.AbstractServer:
+        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while line := await reader.readline():
+                _, data = line.split(b" ", 1)
+                self.take(pb.ContainerStatus.FromString(base64.b64decode(data)))
+
+        return await asyncio.start_unix_server(on_connect, path)
 
     async def am(self, payload: pb.ContainerTokenPayload, env: dict[str, str]) -> None:
         self.stats.am_started += 1
@@ -346,12 +393,20 @@ async def main() -> None:
     ap.add_argument("--hold", type=float, default=5.0)
     ap.add_argument("--no-ams", action="store_true", help="AM containers start but never register")
     ap.add_argument("--ramp", type=float, default=10.0, help="seconds over which the nodes first register")
+    ap.add_argument("--cm-port", type=int, default=0,
+                    help="the agents' ContainerManager is another process's (its AMs run there); 0: this one's")
+    ap.add_argument("--reports", help="a unix socket where that process hands over container changes")
+    ap.add_argument("--relay", action="append", default=[], metavar="PATH:FIRST:COUNT",
+                    help="(the AMs' process) where the changes of nodes FIRST.. go")
     args = ap.parse_args()
     fleet = Fleet(args, ClusterKeys.load(args.keys))
-    server = grpc.aio.server()
-    pbg.add_ContainerManagerServicer_to_server(CM(fleet), server)
-    fleet.cm_port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    server = None
+    if not args.cm_port:
+        server = grpc.aio.server()
+        pbg.add_ContainerManagerServicer_to_server(CM(fleet), server)
+        fleet.cm_port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+    relay = await fleet.serve_relay(args.reports) if args.reports else None
     began = time.perf_counter()
 
     async def staggered(i: int, node: SimNode) -> None:
@@ -372,7 +427,7 @@ async def main() -> None:
         await asyncio.sleep(0.2)
     gc.freeze()                 # the fleet's own heap is not what is measured (see RMShell's settle_heap)
     gc.set_threshold(20_000, 20, 100)
-    emit({"event": "ready", "seconds": time.perf_counter() - began})
+    emit({"event": "ready", "seconds": time.perf_counter() - began, "cm_port": fleet.cm_port})
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -388,7 +443,10 @@ async def main() -> None:
             break
     for r in runners:
         r.cancel()
-    await server.stop(0)
+    if relay is not None:
+        relay.close()
+    if server is not None:
+        await server.stop(0)
 
 
 if __name__ == "__main__":
