@@ -290,3 +290,22 @@ def test_the_cli_checks_backs_up_and_restores_by_url(pg_url: str, tmp_path: Path
     done = gpurm("check", "--url", "mysql://x@y/z")
     assert done.returncode == 2 and "--url: scheme 'mysql'" in done.stderr
     assert gpurm("check", "--url", pg_url, "--state-dir", str(tmp_path)).returncode == 2     # one or the other
+
+
+def test_a_dropped_connection_fails_one_write_then_the_store_reconnects(pg_url: str, tmp_path: Path) -> None:
+    import psycopg
+
+    s = open_store(pg_url, tmp_path, exclusive=True)
+    try:
+        s.save([job(1)], [], [], {})
+        with psycopg.connect(pg_url, autocommit=True) as admin:     # the server drops the RM's sessions
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = "
+                          "'gpurm-rm' AND pid <> pg_backend_pid()")
+        with pytest.raises(StoreWriteError):
+            s.save([job(2)], [], [], {})
+        s.save([job(3)], [], [], {})                                 # a new session, the RM's lock taken again
+        assert [j.job_id for j in s.load().jobs] == ["job-1", "job-3"]
+        with pytest.raises(StoreWriteError, match=r"is in use by another RM \(server pid \d+"):
+            open_store(pg_url, tmp_path, exclusive=True)
+    finally:
+        s.close()
