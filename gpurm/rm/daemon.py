@@ -54,7 +54,7 @@ from gpurm.rm.persist import RETRY_S, Persister, rebuild_core
 from gpurm.rm.retention import Retention
 from gpurm.rm.service import AdminService, AMService, BeatStream, ClientService, DecodeGuard, TrackerService
 from gpurm.rm.statedir import StateDirBusy, StateDirLock, rotate_backup
-from gpurm.rm.store import SqliteStore, StoreDamaged, StoreWriteError, rows
+from gpurm.rm.store import Snapshot, SqliteStore, StoreDamaged, StoreWriteError, rows
 from gpurm.rm.storeurl import open_store
 from gpurm.rm.telemetrybook import TelemetryBook
 from gpurm.rm.tokens import ClusterKeys, write_secret_file
@@ -192,11 +192,11 @@ class RMShell:
         if self.core.cluster.changed:
             self._view_dirty.set()
 
-    def _roll_back(self) -> None:
+    def _roll_back(self, snap: Snapshot | None = None) -> None:
         """After a failed write: forget everything not on disk (the core, with its queued effects and stop orders,
-        is rebuilt from the store as on a restart)."""
+        is rebuilt from the store as on a restart). `snap`: the store, read already."""
         self._stale = True
-        self.core = rebuild_core(self.store, self.config.settings, self.committed_tree, self.core, time.time())
+        self.core = rebuild_core(self.store, self.config.settings, self.committed_tree, self.core, time.time(), snap)
         self._stale = False
         self._view_dirty.set()
 
@@ -207,7 +207,11 @@ class RMShell:
                 continue
             try:
                 if self._stale:
-                    self._roll_back()
+                    # Read off the loop: a database server that does not answer must not stall the reads served
+                    # meanwhile (writes are refused, so nothing writes the store while it is read).
+                    snap = await asyncio.to_thread(self.store.load)
+                    if self._stale:
+                        self._roll_back(snap)
                 if not self._stale:
                     await self.persist.try_resume()
             except Exception as exc:   # a store that cannot even be read: keep refusing writes, keep trying

@@ -27,7 +27,7 @@ from pathlib import Path
 from gpurm.queues.tree import QueueTree
 from gpurm.rm.core import RMCore
 from gpurm.rm.messages import ErrorCode, RequestError, RMSettings
-from gpurm.rm.store import RMStore, Rows, StoreWriteError, rows
+from gpurm.rm.store import RMStore, Rows, Snapshot, StoreWriteError, rows
 from gpurm.rm.storewriter import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -106,11 +106,13 @@ class Persister:
         self.store.close()
 
 
-def rebuild_core(store: RMStore, settings: RMSettings, tree: QueueTree, old: RMCore, now: float) -> RMCore:
+def rebuild_core(store: RMStore, settings: RMSettings, tree: QueueTree, old: RMCore, now: float,
+                 snap: Snapshot | None = None) -> RMCore:
     """A core holding exactly what the store holds (as after a restart), its view version past `old`'s so every
     watcher takes the next view, every node marked changed. What restoring queues (effects, dirty records) is
     kept for the next successful commit, as a restarted RM's first flush would carry it out."""
-    snap = store.load()
+    if snap is None:
+        snap = store.load()
     core = RMCore(settings, tree)
     core.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, now, snap.learned)
     core.cluster.version = max(core.cluster.version, old.cluster.version) + 1

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -46,6 +47,8 @@ from gpurm.rm.storeurl import redact
 if TYPE_CHECKING:
     from gpurm.rm.cluster import Node
     from gpurm.rm.retention import RetiredJob
+
+log = logging.getLogger(__name__)
 
 # pg_advisory locks: the RM's hold on the store (whole session), and migrations (one transaction).
 RM_LOCK = 0x6770_726D_0001          # "gprm" 1
@@ -111,8 +114,7 @@ class PostgresStore:
         self._db = self._connect()
         try:
             self._migrate(self._db)
-            if exclusive:
-                self._lock(self._db)
+            self._prepare_writer(self._db)
         except BaseException:
             self._db.close()
             raise
@@ -137,17 +139,29 @@ class PostgresStore:
             raise StoreWriteError(f"the RM's store {self.where} is in use by another RM{who}; stop it first, or "
                                   "give this RM its own database")
 
+    def _prepare_writer(self, db: psycopg.Connection[Any]) -> None:
+        """A commit is acknowledged only once durable: a server (or role) set to `synchronous_commit = off` is
+        overridden for this session (a stricter setting, e.g. remote_apply, is kept). Then the RM's lock."""
+        try:
+            row = db.execute("SHOW synchronous_commit").fetchone()
+            if row and str(row[0]) == "off":
+                db.execute("SET synchronous_commit = on")
+                log.info("%s: synchronous_commit is off on the server; on for the RM's writes", self.where)
+        except psycopg.Error as exc:
+            raise StoreWriteError(f"the RM's store {self.where} cannot be opened: {_describe(exc)}") from None
+        if self.exclusive:
+            self._lock(db)
+
     def _writer(self) -> psycopg.Connection[Any]:
         """The writer thread's connection, taken again (and the lock with it) after the server dropped it."""
         if self._db.closed or self._db.broken:
             self._db.close()
             db = self._connect()
-            if self.exclusive:
-                try:
-                    self._lock(db)
-                except BaseException:
-                    db.close()
-                    raise
+            try:
+                self._prepare_writer(db)
+            except BaseException:
+                db.close()
+                raise
             self._db = db
         return self._db
 

@@ -309,3 +309,17 @@ def test_a_dropped_connection_fails_one_write_then_the_store_reconnects(pg_url: 
             open_store(pg_url, tmp_path, exclusive=True)
     finally:
         s.close()
+
+
+def test_a_server_without_synchronous_commit_still_gets_durable_commits(pg_url: str, tmp_path: Path) -> None:
+    import psycopg
+
+    name = pg_url.rsplit("/", 1)[1]
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f"ALTER DATABASE {name} SET synchronous_commit = off".encode())
+    s = open_store(pg_url, tmp_path)
+    try:
+        row = s._db.execute("SHOW synchronous_commit").fetchone()   # type: ignore[attr-defined]
+        assert row is not None and row[0] == "on"
+    finally:
+        s.close()
