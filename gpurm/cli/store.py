@@ -28,8 +28,9 @@ def add_store_parser(admin_subparsers: argparse._SubParsersAction) -> None:  # t
     fmt = argparse.RawDescriptionHelpFormatter
     store = admin_subparsers.add_parser(
         "store", help="check, back up or restore the RM's store", formatter_class=fmt, epilog=EPILOG,
-        description="check, back up or restore the RM's store (state.db in its state dir); the RM keeps "
-                    "automatic backups in STATE_DIR/backups")
+        description="check, back up or restore the RM's store: state.db in its state dir (--state-dir; the RM "
+                    "keeps automatic backups in STATE_DIR/backups), or a PostgreSQL database (--url; "
+                    "docs/operations.md)")
     subs = store.add_subparsers(dest="store_command", metavar="SUBCOMMAND")
 
     p = subs.add_parser("check", help="read every record and list what is damaged (exit 1 if anything is)",
