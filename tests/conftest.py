@@ -16,10 +16,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from gpurm.rm.brokerauth import SECRET_FILE, BrokerAuth, load_or_create, write_mosquitto_files
+
+if TYPE_CHECKING:
+    from tests.pg import PgServer
 
 PHILLY = Path(__file__).resolve().parent / "data" / "philly"    # the Philly trace, vendored (CC BY 4.0)
 
@@ -212,3 +216,13 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestBroker]:
     """A real broker with credentials for the session (see run_broker)."""
     with run_broker(tmp_path_factory.mktemp("broker")) as b:
         yield b
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
+    """A throwaway PostgreSQL server for the session (tests/pg.py); `pg_server.create_database()` gives a test
+    its own database."""
+    from tests.pg import run_postgres
+
+    with run_postgres(tmp_path_factory.mktemp("postgres")) as server:
+        yield server

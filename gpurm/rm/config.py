@@ -15,6 +15,7 @@ from gpurm.rm.limits import ServerLimits, read_limits
 from gpurm.rm.messages import RMSettings
 from gpurm.rm.retention import MIN_MEMORY_S, NEVER, RetentionSettings
 from gpurm.rm.retry import AM_POLICY
+from gpurm.rm.storeurl import parse_store_url
 from gpurm.rm.tls import TLSConfig, read_tls_section
 
 
@@ -69,6 +70,7 @@ class RMConfig:
     shutdown_grace_s: float = 2.0           # on SIGTERM/SIGINT: time in-flight requests get to finish
     shutdown_timeout_s: float = 10.0        # ... and the RM exits hard this long after the signal, whatever hangs
     store_backups: int = 5                  # automatic store backups kept (one written at each start)
+    store_url: str = ""                     # sqlite:///PATH or postgresql://...; empty: STATE_DIR/state.db
     http: HTTPConfig = field(default_factory=HTTPConfig)
     am_rm_retry_for_s: float = AM_POLICY.give_up_s   # an AM rides out an unreachable RM this long (0: forever)
     retention: RetentionSettings = field(default_factory=RetentionSettings)   # finished jobs (rm/retention.py)
@@ -184,6 +186,12 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     sd.reject_unknown()
     st = r.section("store")
     cfg.store_backups = st.integer("backups", cfg.store_backups, minimum=0, maximum=1000)
+    raw_url = st.raw("url")
+    if raw_url is not None:
+        try:
+            cfg.store_url = parse_store_url(raw_url).url
+        except ValueError as exc:
+            st.error("url", str(exc))
     st.reject_unknown()
     cfg.http = read_http_section(r)
     cfg.retention = read_retention_section(r)

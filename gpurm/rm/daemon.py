@@ -54,7 +54,8 @@ from gpurm.rm.persist import RETRY_S, Persister, rebuild_core
 from gpurm.rm.retention import Retention
 from gpurm.rm.service import AdminService, AMService, BeatStream, ClientService, DecodeGuard, TrackerService
 from gpurm.rm.statedir import StateDirBusy, StateDirLock, rotate_backup
-from gpurm.rm.store import SqliteStore, StoreDamaged, StoreWriteError, rows
+from gpurm.rm.store import Snapshot, SqliteStore, StoreDamaged, StoreWriteError, rows
+from gpurm.rm.storeurl import open_store
 from gpurm.rm.telemetrybook import TelemetryBook
 from gpurm.rm.tokens import ClusterKeys, write_secret_file
 from gpurm.rm.viewcache import ViewCache
@@ -99,7 +100,7 @@ class Mutation:
 class RMShell:
     def __init__(self, config: RMConfig) -> None:
         self.config = config
-        self.store = SqliteStore(config.state_dir / "state.db")
+        self.store = open_store(config.store_url, config.state_dir, exclusive=True)
         self.core = RMCore(config.settings, self._initial_queues())
         self.committed_tree = self.core.queues.tree    # the queue config the store holds (a rollback keeps it)
         self.persist = Persister(self.store, config.state_dir, self._roll_back)
@@ -191,11 +192,11 @@ class RMShell:
         if self.core.cluster.changed:
             self._view_dirty.set()
 
-    def _roll_back(self) -> None:
+    def _roll_back(self, snap: Snapshot | None = None) -> None:
         """After a failed write: forget everything not on disk (the core, with its queued effects and stop orders,
-        is rebuilt from the store as on a restart)."""
+        is rebuilt from the store as on a restart). `snap`: the store, read already."""
         self._stale = True
-        self.core = rebuild_core(self.store, self.config.settings, self.committed_tree, self.core, time.time())
+        self.core = rebuild_core(self.store, self.config.settings, self.committed_tree, self.core, time.time(), snap)
         self._stale = False
         self._view_dirty.set()
 
@@ -206,7 +207,11 @@ class RMShell:
                 continue
             try:
                 if self._stale:
-                    self._roll_back()
+                    # Read off the loop: a database server that does not answer must not stall the reads served
+                    # meanwhile (writes are refused, so nothing writes the store while it is read).
+                    snap = await asyncio.to_thread(self.store.load)
+                    if self._stale:
+                        self._roll_back(snap)
                 if not self._stale:
                     await self.persist.try_resume()
             except Exception as exc:   # a store that cannot even be read: keep refusing writes, keep trying
@@ -680,11 +685,16 @@ class RMShell:
             raise OSError(f"cannot listen on {self.config.http.listen} (http.listen): {problem}; choose another "
                           "port, or http.enabled: false")
         snap = self.store.load()
+        log.info("store %s: %d jobs, %d containers, %d nodes", self.store.where, len(snap.jobs),
+                 len(snap.containers), len(snap.nodes))
         self.core.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, time.time(), snap.learned)
         del snap
         settle_heap()
         self.retention.retired_counts = self.store.retired_counts()
-        kept = rotate_backup(self.store, self.config.state_dir, self.config.store_backups)
+        # The automatic backup at start is SQLite's (its online backup API); a PostgreSQL store is backed up
+        # with `gpurm admin store backup --url` (pg_dump) on the operator's schedule (docs/operations.md).
+        kept = (rotate_backup(self.store, self.config.state_dir, self.config.store_backups)
+                if isinstance(self.store, SqliteStore) else None)
         if kept is not None:
             log.info("store backed up to %s (keeping the last %d)", kept, self.config.store_backups)
         if not self.mqtt_url:

@@ -27,7 +27,7 @@ from pathlib import Path
 from gpurm.queues.tree import QueueTree
 from gpurm.rm.core import RMCore
 from gpurm.rm.messages import ErrorCode, RequestError, RMSettings
-from gpurm.rm.store import Rows, SqliteStore, StoreWriteError, rows
+from gpurm.rm.store import RMStore, Rows, Snapshot, StoreWriteError, rows
 from gpurm.rm.storewriter import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -36,15 +36,15 @@ RETRY_S = 1.0
 PROBE_KEY = "store_probe"
 
 
-def write_failure(error: str, state_dir: Path) -> str:
-    return f"the RM's store cannot be written: {error}; free space in {state_dir} (or fix the disk)"
+def write_failure(error: str, remedy: str) -> str:
+    return f"the RM's store cannot be written: {error}; {remedy}"
 
 
 class Persister:
     """Writes the core's changes through the group-commit writer, and refuses writes while the store is broken
     (see the module's rules)."""
 
-    def __init__(self, store: SqliteStore, state_dir: Path, on_failure: Callable[[], None]) -> None:
+    def __init__(self, store: RMStore, state_dir: Path, on_failure: Callable[[], None]) -> None:
         """`on_failure`: rolls memory back to the store; called once per failed write."""
         self.store = store
         self.writer = StoreWriter(store)
@@ -77,7 +77,7 @@ class Persister:
     def _failed(self, error: str) -> None:
         if self.error:
             return       # the same failure, seen by another request of its transaction: rolled back already
-        self.error = write_failure(error, self.state_dir)
+        self.error = write_failure(error, self.store.remedy)
         self.since = time.time()
         self.failures += 1
         log.error("%s; refusing writes until the store works again (reads still served)", self.error)
@@ -94,7 +94,7 @@ class Persister:
         try:
             await asyncio.wrap_future(self.writer.commit(rows([], [], [], {PROBE_KEY: repr(time.time())})))
         except StoreWriteError as exc:
-            self.error = write_failure(str(exc), self.state_dir)
+            self.error = write_failure(str(exc), self.store.remedy)
             return False
         log.warning("the RM's store can be written again after %.0f s; taking writes", time.time() - self.since)
         self.error = ""
@@ -106,11 +106,13 @@ class Persister:
         self.store.close()
 
 
-def rebuild_core(store: SqliteStore, settings: RMSettings, tree: QueueTree, old: RMCore, now: float) -> RMCore:
+def rebuild_core(store: RMStore, settings: RMSettings, tree: QueueTree, old: RMCore, now: float,
+                 snap: Snapshot | None = None) -> RMCore:
     """A core holding exactly what the store holds (as after a restart), its view version past `old`'s so every
     watcher takes the next view, every node marked changed. What restoring queues (effects, dirty records) is
     kept for the next successful commit, as a restarted RM's first flush would carry it out."""
-    snap = store.load()
+    if snap is None:
+        snap = store.load()
     core = RMCore(settings, tree)
     core.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, now, snap.learned)
     core.cluster.version = max(core.cluster.version, old.cluster.version) + 1

@@ -93,7 +93,7 @@ def load_detail(db: sqlite3.Connection, job_id: str, types: FieldTypes) -> tuple
     return job, [from_dict(Container, d, types) for d in json.loads(row[1])]
 
 
-def _usage(row: tuple[object, ...]) -> JobUsage:
+def usage_of(row: tuple[object, ...]) -> JobUsage:
     job_id, user, queue, state, submit, finish, gpu_s, wait_s, preemptions, attempts = row
     return JobUsage(job_id=str(job_id), user=str(user), queue=str(queue), state=str(state),
                     submit_time=float(submit), finish_time=float(finish),   # type: ignore[arg-type]
@@ -103,7 +103,7 @@ def _usage(row: tuple[object, ...]) -> JobUsage:
 
 def finished_row(db: sqlite3.Connection, job_id: str) -> JobUsage | None:
     row = db.execute(f"SELECT {_COLUMNS} FROM finished WHERE job_id = ?", (job_id,)).fetchone()
-    return _usage(row) if row is not None else None
+    return usage_of(row) if row is not None else None
 
 
 def finished_usages(db: sqlite3.Connection, since: float | None, until: float | None) -> list[JobUsage]:
@@ -115,7 +115,7 @@ def finished_usages(db: sqlite3.Connection, since: float | None, until: float | 
         where.append("finish < ?")
         args.append(until)
     sql = f"SELECT {_COLUMNS} FROM finished" + (" WHERE " + " AND ".join(where) if where else "")
-    return [_usage(row) for row in db.execute(sql, args)]
+    return [usage_of(row) for row in db.execute(sql, args)]
 
 
 def retired_counts(db: sqlite3.Connection) -> dict[str, tuple[int, int]]:

@@ -48,6 +48,16 @@ class StoreWriteError(Exception):
     """A write to the store did not reach the disk; nothing of it was committed."""
 
 
+class StoreTooNew(StoreDamaged):
+    """The store's schema is newer than this RM reads: a newer gpurm wrote it. Never opened, never migrated back."""
+
+
+def too_new(where: str, found: int, reads: int) -> StoreTooNew:
+    return StoreTooNew(f"the RM's store {where} has schema version {found}, newer than the {reads} this RM reads: "
+                       f"a newer gpurm has used it; run that gpurm version (or newer), or restore a backup taken "
+                       f"before the upgrade into a new store")
+
+
 @dataclass
 class Damage:
     """One unreadable thing in a store: `where` is `file`, or `TABLE KEY` for a record."""
@@ -100,6 +110,39 @@ class Store(Protocol):
 
     def save(self, jobs: Iterable[Job], containers: Iterable[Container], nodes: Iterable[Node],
              meta: dict[str, str]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RMStore(Protocol):
+    """What the RM needs of its durable store (SqliteStore, rm/pgstore.py's PostgresStore): the same semantics
+    behind each (tests/integration/test_store_contract.py runs one set of assertions over both)."""
+
+    where: str          # the store as messages name it: a path, or a URL without its password
+    remedy: str         # what to do when a write fails (free disk space; check the database server)
+
+    def load(self) -> Snapshot: ...
+
+    def load_meta(self) -> dict[str, str]: ...
+
+    def save(self, jobs: Iterable[Job], containers: Iterable[Container], nodes: Iterable[Node],
+             meta: dict[str, str]) -> None: ...
+
+    def write(self, batches: list[Rows]) -> None: ...
+
+    def retire(self, jobs: Iterable[RetiredJob], purge_before: float | None, purge_limit: int) -> int: ...
+
+    def load_retired(self, job_id: str) -> tuple[Job, list[Container]] | None: ...
+
+    def finished_row(self, job_id: str) -> JobUsage | None: ...
+
+    def finished_usages(self, since: float | None = None, until: float | None = None) -> list[JobUsage]: ...
+
+    def retired_counts(self) -> dict[str, tuple[int, int]]: ...
+
+    def check(self) -> list[Damage]: ...
+
+    def counts(self) -> tuple[int, int, int]: ...
 
     def close(self) -> None: ...
 
@@ -162,6 +205,8 @@ class SqliteStore:
         """Open (or create) the store. StoreDamaged when the file is not a readable gpurm store."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self.where = str(path)
+        self.remedy = f"free space in {path.parent} (or fix the disk)"
         self._read_db: sqlite3.Connection | None = None
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         try:
@@ -180,6 +225,8 @@ class SqliteStore:
                                f"{recovery_hint(path)}") from None
         if row is not None and row[0] != SCHEMA_VERSION:
             self._db.close()
+            if str(row[0]).isdigit() and int(row[0]) > int(SCHEMA_VERSION):
+                raise too_new(str(path), int(row[0]), int(SCHEMA_VERSION))
             raise StoreDamaged(f"the RM's store {path} has schema {str(row[0])[:32]!r}, this RM reads "
                                f"{SCHEMA_VERSION} (written by another gpurm version?); {recovery_hint(path)}")
 
@@ -307,6 +354,16 @@ class SqliteStore:
                 raise
         except (sqlite3.Error, OSError) as exc:
             raise StoreWriteError(_describe(exc)) from exc
+
+    def counts(self) -> tuple[int, int, int]:
+        """How many jobs, containers and nodes the store holds (0 for a table that cannot be read)."""
+        out = []
+        for table in ("jobs", "containers", "nodes"):
+            try:
+                out.append(int(self._db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]))
+            except sqlite3.Error:
+                out.append(0)
+        return out[0], out[1], out[2]
 
     def backup(self, target: Path) -> None:
         """An online copy of the store (SQLite's backup API: consistent while the RM writes)."""

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
-from gpurm.rm.store import Rows, SqliteStore, StoreWriteError
+from gpurm.rm.store import RMStore, Rows, StoreWriteError
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ T = TypeVar("T")
 
 
 class StoreWriter:
-    def __init__(self, store: SqliteStore) -> None:
+    def __init__(self, store: RMStore) -> None:
         self.store = store
         self._cv = threading.Condition()
         # Batches of rows, and calls (`call`) that write in their own transaction, in the order they came.
