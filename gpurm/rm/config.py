@@ -69,6 +69,7 @@ class RMConfig:
     shutdown_grace_s: float = 2.0           # on SIGTERM/SIGINT: time in-flight requests get to finish
     shutdown_timeout_s: float = 10.0        # ... and the RM exits hard this long after the signal, whatever hangs
     store_backups: int = 5                  # automatic store backups kept (one written at each start)
+    store_url: str = ""                     # sqlite:///PATH or postgresql://...; empty: STATE_DIR/state.db
     http: HTTPConfig = field(default_factory=HTTPConfig)
     am_rm_retry_for_s: float = AM_POLICY.give_up_s   # an AM rides out an unreachable RM this long (0: forever)
     retention: RetentionSettings = field(default_factory=RetentionSettings)   # finished jobs (rm/retention.py)
@@ -187,7 +188,7 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     st.reject_unknown()
     cfg.http = read_http_section(r)
     cfg.retention = read_retention_section(r)
-    cfg.ha = read_ha_section(r)
+    cfg.ha = read_ha_section(r, cfg.store_url)
     cfg.settings = s
     r.reject_unknown()
     p.raise_if_any()
@@ -258,9 +259,12 @@ def read_retention_section(r: Reader) -> RetentionSettings:
     return out
 
 
-def read_ha_section(r: Reader) -> HAConfig:
+def read_ha_section(r: Reader, store_url: str) -> HAConfig:
     h = r.section("ha")
     out = HAConfig(enabled=h.flag("enabled", False))
+    if out.enabled and not store_url.startswith(("postgresql://", "postgres://")):
+        h.error("enabled", "needs a PostgreSQL store (store.url: postgresql://USER@HOST:PORT/DB), which every RM of "
+                           "the set shares")
     out.lease_s = h.duration("lease", out.lease_s, maximum=600.0)
     if out.lease_s < 1.0:
         h.error("lease", f"must be at least 1s (renewed every third of it), got {out.lease_s:g}s")

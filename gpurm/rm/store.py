@@ -308,6 +308,10 @@ class SqliteStore:
         except (sqlite3.Error, OSError) as exc:
             raise StoreWriteError(_describe(exc)) from exc
 
+    def fence_with(self, holder: str, epoch: int) -> None:
+        """Only a PostgreSQL store is shared by several RMs (rm/leadership.py); rm.yaml refuses `ha` here."""
+        raise StoreWriteError("several RMs (rm.yaml ha:) need a PostgreSQL store")
+
     def backup(self, target: Path) -> None:
         """An online copy of the store (SQLite's backup API: consistent while the RM writes)."""
         dest = sqlite3.connect(str(target))
