@@ -226,3 +226,11 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
 
     with run_postgres(tmp_path_factory.mktemp("postgres")) as server:
         yield server
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer) -> Iterator[str]:
+    """A database of its own on the session's PostgreSQL server, dropped after the test."""
+    url = pg_server.create_database()
+    yield url
+    pg_server.drop_database(url)

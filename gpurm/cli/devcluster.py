@@ -3,6 +3,7 @@
 Layout of the state dir:
     cluster.json            pids, addresses; "ready": true once every agent has registered
     rm/rm.yaml rm/rm.log    the RM's config, log, store and key
+    rm-K/                   with --rms N: the standby RMs' (the same cluster key; one PostgreSQL store for all)
     agents/node-K/          each agent's config, log and container state (learner logs under containers/)
 Ctrl-C or SIGTERM stops the agents (which stop their containers), then the RM; anything left is killed.
 """
@@ -16,6 +17,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +39,7 @@ from gpurm.rm.tls import NODE_PREFIX, TLSConfig, load_tls
 from gpurm.rm.tokens import ClusterKeys, write_secret_file
 
 READY_TIMEOUT_S = 60.0
+MAX_RMS = 5
 PR_SET_PDEATHSIG = 1
 
 
@@ -64,6 +67,13 @@ class Daemon:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -97,7 +107,11 @@ class DevCluster:
         self.args = args
         self.state_dir = state_dir
         self.address = f"127.0.0.1:{args.port}"
+        # With --rms N, RM K (K > 1) listens on a free port and keeps its own state dir, rm-K; clients and agents
+        # get every address and follow the leader.
+        self.addresses = [self.address] + [f"127.0.0.1:{_free_port()}" for _ in range(getattr(args, "rms", 1) - 1)]
         self.rm: Daemon | None = None
+        self.rms: list[Daemon] = []
         self.agents: list[Daemon] = []
         self.pki: DevPki | None = None
         self.client_tls: TLSConfig | None = None
@@ -105,14 +119,17 @@ class DevCluster:
 
     def env(self) -> dict[str, str]:
         """What a shell needs to use this cluster with the CLI."""
-        return {"GPURM_RM": self.address, **(self.pki.user.env() if self.pki else {})}
+        return {"GPURM_RM": ",".join(self.addresses), **(self.pki.user.env() if self.pki else {})}
 
     def _python(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "gpurm.cli.main", *args]
 
-    def write_configs(self) -> tuple[Path, list[Path]]:
+    def rm_dir(self, k: int) -> Path:
+        return self.state_dir / ("rm" if k == 0 else f"rm-{k + 1}")
+
+    def write_configs(self) -> tuple[list[Path], list[Path]]:
         a = self.args
-        rm_dir = self.state_dir / "rm"
+        rm_dir = self.rm_dir(0)
         rm_dir.mkdir(parents=True, exist_ok=True)
         rm_cfg: dict[str, Any] = {
             "listen": self.address, "state_dir": str(rm_dir),
@@ -121,6 +138,10 @@ class DevCluster:
             "http": {"listen": f"127.0.0.1:{a.http_port}"},
             "admins": sorted({current_user(), "root"}),
         }
+        if getattr(a, "store", ""):
+            rm_cfg["store"] = {"url": a.store}
+        if len(self.addresses) > 1:
+            rm_cfg["ha"] = {"enabled": True}
         if a.queues:
             rm_cfg["queues"] = str(Path(a.queues).resolve())
         for item in a.rm_option:
@@ -138,6 +159,16 @@ class DevCluster:
         # The cluster secret is made here rather than by the RM so each agent's node secret can be written
         # before anything starts (a real cluster: `gpurm admin node-secret NODE` on the RM host).
         keys = ClusterKeys.load(rm_dir / "token.key")
+        rm_paths = [rm_path]
+        for k, address in enumerate(self.addresses[1:], start=1):
+            # Every RM of the set signs and checks with the same cluster key (docs/operations.md, "HA").
+            other = self.rm_dir(k)
+            other.mkdir(parents=True, exist_ok=True)
+            write_secret_file(other / "token.key", (rm_dir / "token.key").read_text())
+            path = other / "rm.yaml"
+            path.write_text(yaml.safe_dump({**rm_cfg, "listen": address, "state_dir": str(other),
+                                            "http": {"listen": "127.0.0.1:0"}}, sort_keys=False))
+            rm_paths.append(path)
         agent_paths = []
         for i in range(1, a.nodes + 1):
             node = f"node-{i}"
@@ -146,7 +177,8 @@ class DevCluster:
             adir.mkdir(parents=True, exist_ok=True)
             secret = write_secret_file(adir / "node.secret", keys.node_key(node).secret.hex())
             cfg: dict[str, Any] = {
-                "node_id": node, "host": "127.0.0.1", "listen": "127.0.0.1:0", "rm": self.address, "rack": rack,
+                "node_id": node, "host": "127.0.0.1", "listen": "127.0.0.1:0", "rm": ",".join(self.addresses),
+                "rack": rack,
                 "state_dir": str(adir), "node_secret_file": str(secret),
                 "gpus": {"fake": a.gpus_per_node, "model": "H100-80GB", "memory_mib": 81559,
                          "nvlink_islands": a.nvlink_islands},
@@ -169,15 +201,21 @@ class DevCluster:
             path = adir / "agent.yaml"
             path.write_text(yaml.safe_dump(cfg, sort_keys=False))
             agent_paths.append(path)
-        return rm_path, agent_paths
+        return rm_paths, agent_paths
 
     def start(self) -> None:
-        rm_path, agent_paths = self.write_configs()
+        rm_paths, agent_paths = self.write_configs()
         sys.stderr.write(self.prepare_dirs())
-        self.rm = Daemon("rm", self._python("rm", "--config", str(rm_path)), self.state_dir / "rm" / "rm.log")
+        for k, path in enumerate(rm_paths):
+            self.rms.append(Daemon("rm" if k == 0 else f"rm-{k + 1}", self._python("rm", "--config", str(path)),
+                                   path.parent / "rm.log", extra={"address": self.addresses[k],
+                                                                  "config": str(path)}))
+        self.rm = self.rms[0]
         self.rm.start()
         self._write_state(ready=False)
         self._wait_rm()
+        for standby in self.rms[1:]:      # they stand by: the first leads, being up first
+            standby.start()
         for path in agent_paths:
             node = path.parent.name
             d = Daemon(node, self._python("agent", "--config", str(path)), path.parent / "agent.log",
@@ -260,6 +298,8 @@ class DevCluster:
             "http_url": self.http_url,
             "rm": {"pid": self.rm.proc.pid if self.rm and self.rm.proc else 0,
                    "config": str(self.state_dir / "rm" / "rm.yaml"), "log": str(self.rm.log) if self.rm else ""},
+            "rms": [{"name": d.name, "pid": d.proc.pid if d.proc else 0, **d.extra, "log": str(d.log)}
+                    for d in self.rms],
             "agents": [{"node_id": d.name, "pid": d.proc.pid if d.proc else 0, **d.extra, "log": str(d.log)}
                        for d in self.agents],
         }
@@ -269,16 +309,22 @@ class DevCluster:
         os.replace(tmp, path)
 
     def check_children(self, reported: set[str]) -> None:
-        for d in [*self.agents, *([self.rm] if self.rm else [])]:
+        for d in [*self.agents, *self.rms]:
             if not d.alive and d.name not in reported and d.proc is not None:
+                if len(self.rms) > 1 and d in self.rms:
+                    # An HA set's supervisor: an RM that exits (killed, or deposed: exit 3) comes back, standing by.
+                    sys.stderr.write(f"dev-cluster: {d.name} exited with code {d.proc.returncode}; starting it "
+                                     f"again (see {d.log})\n")
+                    d.start()
+                    self._write_state(ready=True)
+                    continue
                 reported.add(d.name)
                 sys.stderr.write(f"dev-cluster: {d.name} exited with code {d.proc.returncode} (see {d.log})\n")
 
     def stop(self) -> None:
         sys.stderr.write("dev-cluster: stopping agents and their containers ...\n")
         _terminate([d for d in self.agents if d.alive], timeout=20)
-        if self.rm is not None:
-            _terminate([self.rm] if self.rm.alive else [], timeout=10)
+        _terminate([d for d in self.rms if d.alive], timeout=10)
         killed = sweep_orphans(self.state_dir)
         if killed:
             sys.stderr.write(f"dev-cluster: killed {killed} leftover container process group(s)\n")
@@ -374,6 +420,13 @@ def check_args(args: argparse.Namespace) -> None:
         raise CliError(f"--heartbeat: {exc}") from None
     if args.queues and not Path(args.queues).is_file():
         raise CliError(f"--queues: {args.queues} does not exist")
+    rms, store = getattr(args, "rms", 1), getattr(args, "store", "")
+    if not 1 <= rms <= MAX_RMS:
+        raise CliError(f"--rms: 1 to {MAX_RMS}, got {rms}")
+    if store and not store.startswith(("sqlite://", "postgresql://", "postgres://")):
+        raise CliError("--store: expected sqlite:///PATH or postgresql://USER@HOST:PORT/DB")
+    if rms > 1 and not store.startswith(("postgresql://", "postgres://")):
+        raise CliError(f"--rms {rms}: several RMs share one PostgreSQL store; give --store postgresql://USER@HOST:PORT/DB")
 
 
 def cmd_dev_cluster(args: argparse.Namespace) -> int:
@@ -394,7 +447,8 @@ def cmd_dev_cluster(args: argparse.Namespace) -> int:
         sys.stderr.write(
             f"dev cluster up: {args.nodes} node{'s' if args.nodes > 1 else ''} x {args.gpus_per_node} GPUs ({total}) "
             f"in {args.racks} rack{'s' if args.racks > 1 else ''}\n"
-            f"  RM:    {cluster.address}{' with mTLS' if cluster.pki else ''}   "
+            f"  RM:    {','.join(cluster.addresses)}{' with mTLS' if cluster.pki else ''}"
+            f"{' (the first leads, the others stand by)' if len(cluster.addresses) > 1 else ''}   "
             f"(. {state_dir / 'env.sh'}  sets GPURM_RM{' and GPURM_TLS_*' if cluster.pki else ''})\n"
             f"  web:   {cluster.http_url or 'off'}  (web UI; REST API under /api/v1)\n"
             f"  state: {state_dir}  (logs: rm/rm.log, agents/*/agent.log)\n"

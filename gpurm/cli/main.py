@@ -178,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_broker_parser(asubs)
     from gpurm.cli.store import add_store_parser
     add_store_parser(asubs)
+    from gpurm.cli.ha import add_ha_parser
+    add_ha_parser(asubs)
     admin.set_defaults(func=lambda a: _missing_sub(admin))
 
     p = _sub(subs, "completion", "print a shell completion script (commands, flags, choices, job ids)",
@@ -222,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
              "  gpurm dev-cluster --state-dir /tmp/mycluster --port 7171   # then: . /tmp/mycluster/env.sh\n"
              "  gpurm dev-cluster --tls   # mTLS with certificates made on the fly\n"
              "  gpurm dev-cluster --http-port 0   # the web UI on a free port (it prints the URL)\n"
-             "  gpurm dev-cluster --agent-option telemetry.container_interval=1s   # usage series every second",
+             "  gpurm dev-cluster --agent-option telemetry.container_interval=1s   # usage series every second\n"
+             "  gpurm dev-cluster --rms 2 --store postgresql://gpurm@127.0.0.1:5432/gpurm   # a leader and a standby",
              common=False)
     p.add_argument("--nodes", type=int, default=4, help="agents to start (default 4)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="fake GPUs per agent (default 8)")
@@ -243,6 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "repeatable")
     p.add_argument("--tls", action="store_true",
                    help="mTLS everywhere: a CA and every certificate are made on the fly under STATE/pki")
+    p.add_argument("--store", metavar="URL", default="",
+                   help="the RMs' store: sqlite:///PATH or postgresql://USER@HOST:PORT/DB (default: a SQLite file in "
+                        "the RM's state dir)")
+    p.add_argument("--rms", type=int, default=1,
+                   help="RMs to run on the one --store (postgresql:// needed for 2 or more): one leads, the others "
+                        "stand by and take over; the dev cluster restarts any that exits (default 1)")
     p.set_defaults(func=devcluster.cmd_dev_cluster)
 
     p = _sub(subs, "sim", "replay a workload trace through the real scheduler on a virtual clock", sim.EXAMPLE,

@@ -195,7 +195,7 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     st.reject_unknown()
     cfg.http = read_http_section(r)
     cfg.retention = read_retention_section(r)
-    cfg.ha = read_ha_section(r)
+    cfg.ha = read_ha_section(r, cfg.store_url)
     cfg.settings = s
     r.reject_unknown()
     p.raise_if_any()
@@ -266,9 +266,12 @@ def read_retention_section(r: Reader) -> RetentionSettings:
     return out
 
 
-def read_ha_section(r: Reader) -> HAConfig:
+def read_ha_section(r: Reader, store_url: str) -> HAConfig:
     h = r.section("ha")
     out = HAConfig(enabled=h.flag("enabled", False))
+    if out.enabled and not store_url.startswith(("postgresql://", "postgres://")):
+        h.error("enabled", "needs a PostgreSQL store (store.url: postgresql://USER@HOST:PORT/DB), which every RM of "
+                           "the set shares")
     out.lease_s = h.duration("lease", out.lease_s, maximum=600.0)
     if out.lease_s < 1.0:
         h.error("lease", f"must be at least 1s (renewed every third of it), got {out.lease_s:g}s")

@@ -53,6 +53,7 @@ from gpurm.rm.paging import ListIndexes
 from gpurm.rm.persist import RETRY_S, Persister, rebuild_core
 from gpurm.rm.retention import Retention
 from gpurm.rm.service import AdminService, AMService, BeatStream, ClientService, DecodeGuard, TrackerService
+from gpurm.rm.standby import Leadership
 from gpurm.rm.statedir import StateDirBusy, StateDirLock, rotate_backup
 from gpurm.rm.store import Snapshot, SqliteStore, StoreDamaged, StoreWriteError, rows
 from gpurm.rm.storeurl import open_store
@@ -100,7 +101,10 @@ class Mutation:
 class RMShell:
     def __init__(self, config: RMConfig) -> None:
         self.config = config
-        self.store = open_store(config.store_url, config.state_dir, exclusive=True)
+        # With several RMs (rm.yaml ha:) the lease and its fencing keep them apart, not the store's own lock.
+        self.store = open_store(config.store_url, config.state_dir, exclusive=not config.ha.enabled)
+        self.leadership = (Leadership(config.store_url, config.advertised, config.listen, config.ha.lease_s,
+                                      config.tls, config.limits) if config.ha.enabled else None)
         self.core = RMCore(config.settings, self._initial_queues())
         self.committed_tree = self.core.queues.tree    # the queue config the store holds (a rollback keeps it)
         self.persist = Persister(self.store, config.state_dir, self._roll_back)
@@ -684,6 +688,15 @@ class RMShell:
         if problem:
             raise OSError(f"cannot listen on {self.config.http.listen} (http.listen): {problem}; choose another "
                           "port, or http.enabled: false")
+        if self.leadership is not None:
+            # One of several RMs on one PostgreSQL: stand by (answering with the leader's address) until this one
+            # leads; from then on every write it makes is fenced by its epoch (rm/leadership.py).
+            if not await self.leadership.acquire(stop):
+                return
+            t0 = time.monotonic()
+            assert self.leadership.lease is not None
+            self.store.fence_with(self.leadership.lease.holder, self.leadership.term.epoch)
+            log.info("leading at epoch %d; loading the store", self.leadership.term.epoch)
         snap = self.store.load()
         log.info("store %s: %d jobs, %d containers, %d nodes", self.store.where, len(snap.jobs),
                  len(snap.containers), len(snap.nodes))
@@ -739,6 +752,8 @@ class RMShell:
         tasks = [asyncio.create_task(self._tick_loop()), asyncio.create_task(self._publish_view_loop()),
                  asyncio.create_task(self._schedule_loop()), asyncio.create_task(self._store_retry_loop()),
                  asyncio.create_task(self._loop_lag_loop())]
+        if self.leadership is not None:
+            tasks.append(asyncio.create_task(self.leadership.keep(stop)))
         try:
             await stop.wait()
         finally:
@@ -761,6 +776,8 @@ class RMShell:
             if self.broker is not None:
                 await self.broker.stop()
             await asyncio.to_thread(self.persist.close)
+            if self.leadership is not None:
+                await self.leadership.release()
 
     async def _start_http(self) -> Any:
         """The web UI and REST API in this event loop (rm.yaml `http:`); None when turned off."""
@@ -814,10 +831,12 @@ def run_loop(main: Coroutine[Any, Any, None]) -> None:
 
 def run_rm(config: RMConfig) -> int:
     """Run the RM until SIGTERM or SIGINT. Returns the exit code: 0 after a clean stop, 2 when it cannot start
-    (one line in the log says why), 1 when a stop outran `shutdown.timeout` and the RM exited hard."""
+    (one line in the log says why), 1 when a stop outran `shutdown.timeout` and the RM exited hard, 3 when it
+    stopped because it no longer leads (rm.yaml `ha:`; its supervisor starts it again, as a standby)."""
     os.umask(0o077)          # the store, key and pidfile are the RM's alone
     lock = StateDirLock(config.state_dir)
     watchdog = ShutdownWatchdog(config.shutdown_timeout_s)
+    deposed = ""
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -835,6 +854,9 @@ def run_rm(config: RMConfig) -> int:
         shell = RMShell(config)
         loop.add_signal_handler(signal.SIGHUP, lambda: shell._spawn(_refresh_on_sighup(shell)))
         await shell.run(stop)
+        if shell.leadership is not None and shell.leadership.deposed:
+            nonlocal deposed
+            deposed = shell.leadership.deposed
 
     try:
         lock.acquire()
@@ -848,6 +870,9 @@ def run_rm(config: RMConfig) -> int:
     finally:
         watchdog.disarm()
         lock.release()
+    if deposed:
+        log.warning("RM stopped: no longer the leader (%s)", deposed)
+        return 3
     log.info("RM stopped")
     return 0
 

@@ -30,6 +30,7 @@ import psycopg
 
 from gpurm.rm import retired
 from gpurm.rm.accounting import JobUsage
+from gpurm.rm.leadership import Fenced, fence
 from gpurm.rm.model import Container, Job
 from gpurm.rm.records import RecordError, from_dict, to_dict
 from gpurm.rm.store import (
@@ -109,6 +110,7 @@ class PostgresStore:
         self.where = redact(url)
         self.remedy = f"check the PostgreSQL server of {self.where} (up, reachable, with space)"
         self.exclusive = exclusive
+        self._fenced_by: tuple[str, int] | None = None     # (holder, epoch) of this RM's lead, with rm.yaml ha:
         self._read_lock = threading.Lock()
         self._read_db: psycopg.Connection[Any] | None = None
         self._db = self._connect()
@@ -198,6 +200,14 @@ class PostgresStore:
 
     # Writes (the writer thread).
 
+    def fence_with(self, holder: str, epoch: int) -> None:
+        """From now on every write checks, in its transaction, that `epoch` still leads (rm/leadership.py)."""
+        self._fenced_by = (holder, epoch)
+
+    def _fence(self, cur: psycopg.Cursor[Any]) -> None:
+        if self._fenced_by is not None:
+            fence(cur, *self._fenced_by)
+
     def save(self, jobs: Iterable[Job], containers: Iterable[Container], nodes: Iterable[Node],
              meta: dict[str, str]) -> None:
         from gpurm.rm.store import rows
@@ -218,10 +228,13 @@ class PostgresStore:
         try:
             db = self._writer()
             with db.transaction(), db.cursor() as cur:
+                self._fence(cur)
                 for sql, values in tables:
                     cur.executemany(sql, values)
         except psycopg.Error as exc:
             raise StoreWriteError(_describe(exc)) from exc
+        except Fenced as exc:
+            raise StoreWriteError(str(exc)) from exc
 
     def retire(self, jobs: Iterable[RetiredJob], purge_before: float | None, purge_limit: int) -> int:
         """See SqliteStore.retire: one transaction; returns the details purged."""
@@ -238,6 +251,7 @@ class PostgresStore:
         try:
             db = self._writer()
             with db.transaction(), db.cursor() as cur:
+                self._fence(cur)
                 purged = 0
                 if ids:
                     cur.execute("DELETE FROM finished WHERE job_id = ANY(%s)", (ids,))
@@ -259,6 +273,8 @@ class PostgresStore:
             return purged
         except psycopg.Error as exc:
             raise StoreWriteError(_describe(exc)) from exc
+        except Fenced as exc:
+            raise StoreWriteError(str(exc)) from exc
 
     # Reads (the event loop's thread, or a worker thread: each under the reader's lock).
 

@@ -144,6 +144,8 @@ class RMStore(Protocol):
 
     def counts(self) -> tuple[int, int, int]: ...
 
+    def fence_with(self, holder: str, epoch: int) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -364,6 +366,10 @@ class SqliteStore:
             except sqlite3.Error:
                 out.append(0)
         return out[0], out[1], out[2]
+
+    def fence_with(self, holder: str, epoch: int) -> None:
+        """Only a PostgreSQL store is shared by several RMs (rm/leadership.py); rm.yaml refuses `ha` here."""
+        raise StoreWriteError("several RMs (rm.yaml ha:) need a PostgreSQL store")
 
     def backup(self, target: Path) -> None:
         """An online copy of the store (SQLite's backup API: consistent while the RM writes)."""

@@ -22,6 +22,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +42,7 @@ log = logging.getLogger("chaos")
 
 NODES = 4
 GPUS_PER_NODE = 8
+HA_LEASE_S = 3.0
 SIZES = (1, 1, 1, 2, 2, 4, 8, 8, 16)
 
 
@@ -64,6 +66,7 @@ class ChaosReport:
     problems: list[str] = field(default_factory=list)
     containers_checked: int = 0
     wall_s: float = 0.0
+    takeovers: list[float] = field(default_factory=list)     # HA: seconds until the standby served
 
     @property
     def ok(self) -> bool:
@@ -74,7 +77,8 @@ class ChaosReport:
         verdict = "PASS" if self.ok else f"FAIL ({len(self.problems)} problems)"
         return (f"chaos {verdict}: {self.jobs} jobs ({states}); {self.attempts} attempts, {self.retries} counted "
                 f"failures; {len(self.chaos_events)} faults injected ({'; '.join(self.chaos_events)}); "
-                f"{self.containers_checked} container records checked for shared GPUs; {self.wall_s:.0f}s")
+                f"{self.containers_checked} container records checked for shared GPUs; {self.wall_s:.0f}s"
+                + (f"; HA takeovers {', '.join(f'{t:.1f}s' for t in self.takeovers)}" if self.takeovers else ""))
 
 
 def plan_jobs(n: int, seed: int, sleep_s: tuple[float, float] = (2.0, 8.0)) -> list[JobPlan]:
@@ -94,7 +98,10 @@ def plan_jobs(n: int, seed: int, sleep_s: tuple[float, float] = (2.0, 8.0)) -> l
 
 class Chaos:
     def __init__(self, workdir: Path, broker: TestBroker, jobs: int, seed: int,
-                 say: Callable[[str], None] = lambda s: None, sleep_s: tuple[float, float] = (2.0, 8.0)) -> None:
+                 say: Callable[[str], None] = lambda s: None, sleep_s: tuple[float, float] = (2.0, 8.0),
+                 ha_store: str = "") -> None:
+        """`ha_store`: a postgresql:// URL: two RMs share it, one leads and one stands by (rm.yaml ha:), and the
+        faults are on the leader (SIGKILL, then SIGSTOP) instead of restarts of a lone RM."""
         self.workdir = workdir
         self.say = say
         self.plans = plan_jobs(jobs, seed, sleep_s)
@@ -102,11 +109,20 @@ class Chaos:
         self.report = ChaosReport(jobs=jobs)
         # The default allocate interval: with 50 jobs, AMs calling every 250 ms (the tests' RMProcess default) made
         # the run three times slower on two cores.
-        self.rm = RMProcess(workdir, broker, heartbeat="1s", missed_beats=5,
-                            am={"liveness_timeout": "15s", "allocate_interval": "500ms"})
+        settings: dict[str, object] = {"am": {"liveness_timeout": "15s", "allocate_interval": "500ms"}}
+        if ha_store:
+            settings.update(store={"url": ha_store}, ha={"enabled": True, "lease": f"{HA_LEASE_S:g}s"})
+        self.rm = RMProcess(workdir / "rm-a" if ha_store else workdir, broker, heartbeat="1s", missed_beats=5,
+                            **settings)
+        self.standby: RMProcess | None = None
+        agent_settings: dict[str, object] = {}
+        if ha_store:
+            self.standby = RMProcess(workdir / "rm-b", broker, heartbeat="1s", missed_beats=5,
+                                     key_from=self.rm.state_dir / "token.key", standby=True, **settings)
+            agent_settings["rm"] = f"{self.rm.address},{self.standby.address}"
         self.agents = [AgentProcess(workdir / f"agent{i}", self.rm, f"chaos-n{i}",
                                     gpus={"fake": GPUS_PER_NODE}, rack=f"rack-{i % 2}", ib_domain=f"ib-{i % 2}",
-                                    containers={"stop_grace": "1s"})
+                                    containers={"stop_grace": "1s"}, **agent_settings)
                        for i in range(NODES)]
 
     # ------------------------------------------------------------ the run
@@ -127,6 +143,8 @@ class Chaos:
                 a.close()
             self.check_leftovers(after_stop=True)
             self.rm.close()
+            if self.standby is not None:
+                self.standby.close()
             self.report.wall_s = time.monotonic() - t0
         return self.report
 
@@ -149,6 +167,8 @@ class Chaos:
                 if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) \
                         or time.monotonic() > deadline:
                     raise
+                if self.standby is not None and "standby" in (exc.details() or ""):
+                    self.rm, self.standby = self.standby, self.rm      # the other one leads now
                 time.sleep(0.3)
 
     def jobs(self) -> dict[str, pb.Job]:
@@ -166,6 +186,9 @@ class Chaos:
     def inject_faults(self) -> None:
         soon = time.monotonic() + 30
         self.wait_running(3, soon)
+        if self.standby is not None:
+            self.inject_ha_faults()
+            return
         self.kill_rm()
         self.kill_the_killables()
         self.wait_running(2, time.monotonic() + 20)
@@ -174,6 +197,48 @@ class Chaos:
         self.kill_am()
         time.sleep(2)
         self.kill_rm()
+
+    def inject_ha_faults(self) -> None:
+        """With two RMs: SIGKILL the leader, the usual agent and AM faults, then pause the (new) leader."""
+        self.fail_leader(signal.SIGKILL)
+        self.kill_the_killables()
+        self.wait_running(2, time.monotonic() + 20)
+        self.kill_agent()
+        self.wait_running(2, time.monotonic() + 20)
+        self.kill_am()
+        time.sleep(2)
+        self.fail_leader(signal.SIGSTOP)
+
+    def fail_leader(self, how: signal.Signals) -> None:
+        """SIGKILL or SIGSTOP the leader; time the standby's takeover; bring the old leader back as a standby
+        (a SIGSTOPped one is let go, finds itself deposed and exits 3, as its supervisor would see)."""
+        leader, standby = self.rm, self.standby
+        assert standby is not None and leader.proc is not None
+        leader.proc.send_signal(how)
+        t = time.monotonic()
+        while time.monotonic() - t < 60:
+            try:
+                standby.client.GetClusterInfo(pb.ClusterInfoRequest(), timeout=1)
+                break
+            except grpc.RpcError:
+                time.sleep(0.1)
+        took = time.monotonic() - t
+        if how is signal.SIGSTOP:
+            leader.proc.send_signal(signal.SIGCONT)
+            try:
+                code: int | None = leader.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                code = None
+            if code != 3:
+                self.report.problems.append(f"the paused leader, let go, exited {code} (expected 3: deposed)")
+                leader.kill()
+        else:
+            leader.proc.wait()
+        leader.start(standby=True)
+        self.rm, self.standby = standby, leader
+        self.report.takeovers.append(took)
+        self.report.chaos_events.append(f"leader {how.name}, the standby served after {took:.1f}s")
+        self.say(self.report.chaos_events[-1])
 
     def kill_rm(self) -> None:
         self.rm.kill()

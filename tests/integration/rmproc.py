@@ -91,8 +91,11 @@ class RMProcess:
     """`python -m gpurm.cli.main rm --config FILE` on a free loopback port; `restart()` keeps port and state."""
 
     def __init__(self, workdir: Path, broker: TestBroker, *, heartbeat: str = "30s", missed_beats: int = 10,
-                 client_tls: TLSConfig | None = None, **settings: Any) -> None:
-        """`settings`: more rm.yaml keys (e.g. tls); `client_tls`: the certificate the test's own calls use."""
+                 client_tls: TLSConfig | None = None, key_from: Path | None = None, standby: bool = False,
+                 **settings: Any) -> None:
+        """`settings`: more rm.yaml keys (e.g. tls); `client_tls`: the certificate the test's own calls use.
+        `key_from`: another RM's token.key, copied in first (RMs of an HA set share it); `standby`: this RM starts
+        as a standby (rm.yaml ha:), so wait for it to stand by rather than serve."""
         self.workdir = workdir
         self.state_dir = workdir / "rm-state"
         self.port = free_port()
@@ -112,11 +115,14 @@ class RMProcess:
         self.client = pbg.ClientStub(self.channel)
         self.admin = pbg.AdminStub(self.channel)
         self.metadata = ((USER_KEY, USER),)
-        self.start()
+        if key_from is not None:
+            write_secret_file(self.state_dir / "token.key", key_from.read_text())
+        self.start(standby=standby)
 
     # ------------------------------------------------------------ the process
 
-    def start(self, timeout: float = 30.0) -> None:
+    def start(self, timeout: float = 30.0, standby: bool = False) -> None:
+        """Start the RM and wait until it serves, or (`standby`) until it stands by."""
         pidfile = self.state_dir / "rm.json"
         with contextlib.suppress(FileNotFoundError):
             pidfile.unlink()  # a SIGKILLed RM leaves its own behind
@@ -140,7 +146,23 @@ class RMProcess:
                 return True
             return False
 
+        def standing_by() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the RM exited with {proc.returncode}:\n{self.log_text()}")
+            return self.standing_by()
+
+        if standby:
+            poll(standing_by, timeout, lambda: f"the RM does not stand by on {self.address}:\n{self.log_text()}")
+            return
         poll(serving, timeout, lambda: f"the RM does not serve on {self.address}:\n{self.log_text()}")
+
+    def standing_by(self) -> bool:
+        """Whether this RM answers as a standby (rm/standby.py)."""
+        try:
+            self.client.GetClusterInfo(pb.ClusterInfoRequest(), timeout=2)
+        except grpc.RpcError as exc:
+            return exc.code() is grpc.StatusCode.UNAVAILABLE and "standby" in (exc.details() or "")
+        return False
 
     def kill(self) -> None:
         """SIGKILL: the RM gets no chance to do anything more."""

@@ -44,12 +44,14 @@ def rm_yaml(tmp_path: Path, text: str) -> Path:
 
 def test_ha_is_off_by_default_and_read_when_given(tmp_path: Path) -> None:
     assert not load_rm_config(rm_yaml(tmp_path, "listen: 127.0.0.1:7070\n")).ha.enabled
-    ha = load_rm_config(rm_yaml(tmp_path, "ha: {enabled: true, lease: 3s}\n")).ha
+    ha = load_rm_config(rm_yaml(tmp_path, "ha: {enabled: true, lease: 3s}\n"
+                                          "store: {url: 'postgresql://gpurm@db:5432/gpurm'}\n")).ha
     assert ha.enabled and ha.lease_s == 3.0
 
 
 @pytest.mark.parametrize(("text", "field"), [("ha: {lease: 100ms}\n", "ha.lease"), ("ha: {enabled: 1}\n", "ha.enabled"),
-                                             ("ha: {leader: me}\n", "ha.leader")])
+                                             ("ha: {leader: me}\n", "ha.leader"),
+                                             ("ha: {enabled: true}\n", "needs a PostgreSQL store")])
 def test_a_bad_ha_section_is_refused_naming_its_field(tmp_path: Path, text: str, field: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_rm_config(rm_yaml(tmp_path, text))

@@ -1,0 +1,122 @@
+"""Leadership on a real PostgreSQL (rm/leadership.py, rm/standby.py): one RM leads; a standby answers every call,
+unary or streaming, with UNAVAILABLE naming the leader; when the leader stops renewing (as a SIGSTOPped one) the
+standby takes over within the lease at a higher epoch, the old leader finds itself deposed, and its writes are
+refused (fencing)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import grpc
+import psycopg
+import pytest
+
+from gpurm.proto import gpurm_pb2 as pb
+from gpurm.proto import gpurm_pb2_grpc as pbg
+from gpurm.rm.leadership import Fenced, Lease, fence
+from gpurm.rm.limits import ServerLimits
+from gpurm.rm.standby import LEADER_KEY, Leadership
+from gpurm.rm.store import StoreWriteError, rows
+from gpurm.rm.storeurl import open_store
+from tests.conftest import free_port
+
+LEASE_S = 2.0
+
+
+def leadership(url: str, port: int) -> Leadership:
+    address = f"127.0.0.1:{port}"
+    return Leadership(url, address, address, LEASE_S, None, ServerLimits())
+
+
+async def refused_by_standby(port: int) -> tuple[grpc.StatusCode, str, str]:
+    """A unary call and a heartbeat stream to the standby: (code, leader named by the unary, by the stream)."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        await asyncio.wait_for(channel.channel_ready(), 10)
+        with pytest.raises(grpc.aio.AioRpcError) as unary:
+            await pbg.ClientStub(channel).ListJobs(pb.ListJobsRequest(), timeout=5)
+        call = pbg.ResourceTrackerStub(channel).Heartbeat()
+        await call.write(pb.NodeHeartbeat(node_id="n1"))
+        with pytest.raises(grpc.aio.AioRpcError) as stream:
+            await call.read()
+    leaders = [dict(e.value.trailing_metadata() or ()).get(LEADER_KEY, "") for e in (unary, stream)]
+    assert stream.value.code() is grpc.StatusCode.UNAVAILABLE
+    return unary.value.code(), leaders[0], leaders[1]
+
+
+async def test_a_standby_points_at_the_leader_and_takes_over_when_it_stops_renewing(pg_url: str) -> None:
+    a, b = leadership(pg_url, free_port()), leadership(pg_url, free_port())
+    stop_a, stop_b = asyncio.Event(), asyncio.Event()
+    assert await a.acquire(stop_a)
+    keeping = asyncio.create_task(a.keep(stop_a))
+    standing_by = asyncio.create_task(b.acquire(stop_b))
+    try:
+        code, by_unary, by_stream = await refused_by_standby(int(b.listen.rsplit(":", 1)[1]))
+        assert code is grpc.StatusCode.UNAVAILABLE
+        assert by_unary == by_stream == a.advertised
+        await asyncio.sleep(LEASE_S)          # renewals keep the lead past a whole lease
+        assert not standing_by.done() and not a.deposed
+
+        keeping.cancel()                      # the leader stops renewing (paused, partitioned)
+        stopped = time.monotonic()
+        assert await asyncio.wait_for(standing_by, 3 * LEASE_S)
+        assert time.monotonic() - stopped <= LEASE_S + 1.5
+        assert b.term.epoch == a.term.epoch + 1
+
+        # The old leader wakes up: by its own clock its lease may have run out, so it steps down without asking;
+        # the lease is taken indeed (its renewal is refused), and so are its writes (fenced).
+        old_epoch, holder = a.term.epoch, a.lease.holder if a.lease else ""
+        await asyncio.wait_for(a.keep(stop_a), LEASE_S)
+        assert a.deposed.startswith("the lease could not be renewed") and stop_a.is_set() and not a.term.leading
+        assert a.lease is not None and not a.lease.renew(old_epoch)
+        with psycopg.connect(pg_url) as conn, conn.transaction(), conn.cursor() as cur:
+            with pytest.raises(Fenced):
+                fence(cur, holder, old_epoch)
+            fence(cur, b.lease.holder if b.lease else "", b.term.epoch)     # the new leader's writes pass
+    finally:
+        stop_b.set()
+        keeping.cancel()
+        await a.release()
+        await b.release()
+
+
+async def test_a_clean_stop_hands_the_lead_over_at_once(pg_url: str) -> None:
+    a, b = leadership(pg_url, free_port()), leadership(pg_url, free_port())
+    stop_a, stop_b = asyncio.Event(), asyncio.Event()
+    assert await a.acquire(stop_a)
+    standing_by = asyncio.create_task(b.acquire(stop_b))
+    try:
+        await asyncio.sleep(0.3)
+        assert not standing_by.done()
+        released = time.monotonic()
+        await a.release()
+        assert await asyncio.wait_for(standing_by, LEASE_S)
+        assert time.monotonic() - released < LEASE_S / 2     # not the lease's end: at the standby's next try
+    finally:
+        stop_b.set()
+        await b.release()
+
+
+def test_a_deposed_leaders_store_write_is_refused_and_commits_nothing(pg_url: str, tmp_path: Path) -> None:
+    leases = [Lease(psycopg.connect(pg_url, autocommit=True), f"rm-{k}:7070", 60.0) for k in "ab"]
+    stores = [open_store(pg_url, tmp_path / k, exclusive=False) for k in "ab"]
+    try:
+        leases[0].ensure_schema()
+        epoch_a = leases[0].take()
+        stores[0].fence_with(leases[0].holder, epoch_a)
+        stores[0].write([rows([], [], [], {"written_by": "a"})])
+        leases[0].release(epoch_a)                      # a takeover (here: a handed over; the same for a lapse)
+        epoch_b = leases[1].take()
+        assert epoch_b == epoch_a + 1
+        stores[1].fence_with(leases[1].holder, epoch_b)
+        with pytest.raises(StoreWriteError, match="no longer leads"):
+            stores[0].write([rows([], [], [], {"written_by": "a, deposed"})])
+        stores[1].write([rows([], [], [], {"also": "b"})])
+        meta = stores[1].load_meta()
+        assert meta["written_by"] == "a" and meta["also"] == "b"
+    finally:
+        for s in stores:
+            s.close()
+        for lease in leases:
+            lease.conn.close()
