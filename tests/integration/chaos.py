@@ -385,12 +385,16 @@ def main() -> int:
         prog="scripts/chaos", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run N jobs on a local 4-node cluster while killing the RM (twice), an agent and an AM; "
                     "exit 0 only if every check holds. The last line is a one-line summary.",
-        epilog="example:\n  scripts/chaos --jobs 200 --seed 3\n  scripts/chaos --jobs 50 --keep /tmp/chaos")
+        epilog="example:\n  scripts/chaos --jobs 200 --seed 3\n  scripts/chaos --jobs 50 --keep /tmp/chaos\n"
+               "  scripts/chaos --ha --jobs 50     # a leader and a standby RM on PostgreSQL")
     parser.add_argument("--jobs", type=int, default=50, help="jobs to run (default 50)")
     parser.add_argument("--seed", type=int, default=0, help="random seed for job sizes and fault timing")
     parser.add_argument("--timeout", type=float, default=0, help="seconds to wait for every job (default: scales "
                                                                   "with --jobs)")
     parser.add_argument("--keep", metavar="DIR", help="keep state and logs in DIR (default: a temporary dir)")
+    parser.add_argument("--ha", action="store_true",
+                        help="two RMs on a throwaway PostgreSQL: the leader is SIGKILLed, later SIGSTOPped, instead "
+                             "of one RM restarted; prints the takeover times")
     args = parser.parse_args()
     if args.jobs < 1:
         parser.error("--jobs: must be at least 1")
@@ -402,8 +406,14 @@ def main() -> int:
 
     old = signal.getsignal(signal.SIGINT)
     try:
-        with run_broker(workdir / "broker") as broker:
-            chaos = Chaos(workdir, broker, args.jobs, args.seed, say)
+        with run_broker(workdir / "broker") as broker, contextlib.ExitStack() as stack:
+            ha_store = ""
+            if args.ha:
+                from tests.pg import run_postgres
+
+                ha_store = stack.enter_context(run_postgres(workdir / "postgres")).create_database()
+                say("PostgreSQL up; two RMs on it")
+            chaos = Chaos(workdir, broker, args.jobs, args.seed, say, ha_store=ha_store)
             report = chaos.run(timeout=args.timeout or 120 + 4 * args.jobs)
     finally:
         signal.signal(signal.SIGINT, old)
