@@ -148,6 +148,27 @@ def test_a_standby_hint_is_followed_only_within_the_list(cluster: tuple[RMProces
         server.stop(0)
 
 
+def test_an_agent_follows_a_standby_to_the_leader_it_names(cluster: tuple[RMProcess, AgentProcess], dead: str,
+                                                            tmp_path: Path) -> None:
+    rm, _agent = cluster
+    standby = Standby(leader=rm.address)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[standby])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    # The standby first, a dead RM next, the leader last: the agent goes from the standby straight to the leader.
+    agent = AgentProcess(tmp_path / "agent", rm, "standby-node", gpus={"fake": 1},
+                         rm_list=[f"127.0.0.1:{port}", dead, rm.address])
+    try:
+        agent.start()
+        assert standby.calls >= 1
+        assert f"is a standby: following it to the leader at {rm.address}" in agent.log_text()
+        assert f"registered with the RM at {rm.address}" in agent.log_text()
+        assert f"at {dead}" not in agent.log_text()       # the dead RM between them was skipped
+    finally:
+        agent.close()
+        server.stop(0)
+
+
 def test_an_agent_told_to_give_up_names_every_rm_it_tried(tmp_path: Path, dead: str) -> None:
     hold = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     hold.bind(("127.0.0.1", 0))
