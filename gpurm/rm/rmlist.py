@@ -14,6 +14,7 @@ so a dead first address costs one refused connection, not a back-off; the give-u
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -97,7 +98,18 @@ def classify(code_name: str, details: str, trailing_metadata: Iterable[Any] | No
     if standby:
         return Failure(True, hint, f"standby, leader {hint}" if hint else "standby, leader not known yet", True)
     ok = transient(code_name, details, answered(pairs), reached=reached)
-    return Failure(ok, "", text.split("\n")[0][:120] or code_name or "?")
+    return Failure(ok, "", short_reason(text) or code_name or "?")
+
+
+def short_reason(details: str) -> str:
+    """gRPC's connection failure in a few words: 'failed to connect to all addresses; last error: UNKNOWN:
+    ipv4:10.0.0.2:7070: Failed to connect to remote host: Connection refused' → 'Failed to connect to remote host:
+    Connection refused' (the address is said beside it); else the first line, at most 120 characters."""
+    first = details.strip().split("\n")[0]
+    _, sep, rest = first.partition("last error: ")
+    if sep:
+        first = re.sub(r"^(ipv4|ipv6|unix|dns):\S+?: ", "", re.sub(r"^[A-Z_]+: ", "", rest)) or first
+    return first[:120]
 
 
 def rpc_failure(exc: BaseException, reached: bool = True) -> Failure:

@@ -71,6 +71,9 @@ def test_a_standby_names_the_leader_in_trailing_metadata() -> None:
     assert unknown.failover and unknown.hint == "" and unknown.why == "standby, leader not known yet"
     dead = classify("UNAVAILABLE", "failed to connect to all addresses", ())
     assert dead.failover and dead.hint == ""
+    grpc_refused = ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Failed to connect to "
+                    "remote host: Connection refused")
+    assert classify("UNAVAILABLE", grpc_refused, ()).why == "Failed to connect to remote host: Connection refused"
     # The RM's own refusals stay refusals: no failover.
     assert not classify("UNAVAILABLE", "cannot read the log of c-1", ANSWERED).failover
     assert not classify("UNAVAILABLE", "the RM's store cannot be written", ()).failover
