@@ -1,6 +1,7 @@
 """`python -m gpurm.am`: the per-job ApplicationMaster, started by an agent as the job's AM container.
 
-It reads GPURM_RM, GPURM_JOB_ID, GPURM_AM_ATTEMPT and GPURM_AM_TOKEN from its environment, and, where the
+It reads GPURM_RM (the RM, or an active/standby list HOST:PORT,HOST:PORT: the agent passes its own agent.yaml rm),
+GPURM_JOB_ID, GPURM_AM_ATTEMPT and GPURM_AM_TOKEN from its environment, and, where the
 cluster uses mTLS, GPURM_TLS_CA / GPURM_TLS_CERT / GPURM_TLS_KEY (the agent that starts it passes its node's).
 """
 
@@ -14,6 +15,7 @@ import sys
 
 from gpurm.am.runner import RM_RETRY_FOR_S, AMRunner
 from gpurm.queues.fields import ConfigError
+from gpurm.rm.rmlist import parse_rm_list
 from gpurm.rm.textsafe import setup_logging
 from gpurm.rm.tls import tls_from_env
 
@@ -31,11 +33,16 @@ def main() -> int:
         sys.stderr.write(f"gpurm.am: {'; '.join(exc.problems)}\n")
         return 2
     try:
+        rms = parse_rm_list(os.environ["GPURM_RM"])
+    except ValueError as exc:
+        sys.stderr.write(f"gpurm.am: GPURM_RM: {exc}\n")
+        return 2
+    try:
         retry_for = float(os.environ.get("GPURM_AM_RETRY_FOR") or RM_RETRY_FOR_S)
     except ValueError:
         sys.stderr.write(f"gpurm.am: GPURM_AM_RETRY_FOR: expected seconds, got {os.environ['GPURM_AM_RETRY_FOR']!r}\n")
         return 2
-    runner = AMRunner(os.environ["GPURM_RM"], os.environ["GPURM_JOB_ID"], int(os.environ["GPURM_AM_ATTEMPT"]),
+    runner = AMRunner(rms, os.environ["GPURM_JOB_ID"], int(os.environ["GPURM_AM_ATTEMPT"]),
                       os.environ["GPURM_AM_TOKEN"], tls_config, rm_retry_for=retry_for)
 
     async def run() -> int:

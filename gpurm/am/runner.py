@@ -10,7 +10,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -26,6 +26,7 @@ from gpurm.rm.identity import AM_TOKEN_KEY
 from gpurm.rm.jobspec import JobSpec, spec_from_proto
 from gpurm.rm.model import FailureKind, JobState
 from gpurm.rm.retry import AM_POLICY, RECONNECT_OPTIONS, Outage, RetryPolicy
+from gpurm.rm.rmlist import Channels, LeaderFollower, parse_rm_list, rpc_failure
 from gpurm.rm.tls import TLSConfig
 
 log = logging.getLogger("gpurm.am")
@@ -80,9 +81,10 @@ def report_pb(a: AttemptRecord) -> pb.AttemptReport:
 
 
 class AMRunner:
-    def __init__(self, rm_address: str, job_id: str, am_attempt: int, am_token: str,
+    def __init__(self, rm_address: str | Sequence[str], job_id: str, am_attempt: int, am_token: str,
                  tls_config: TLSConfig | None = None, rm_retry_for: float = RM_RETRY_FOR_S) -> None:
-        self.rm_address = rm_address
+        # GPURM_RM: the RM, or the active/standby list, as the node's agent dials them; the AM follows the leader.
+        self.follower = LeaderFollower(parse_rm_list(rm_address))
         self.retry = RetryPolicy(AM_POLICY.base_s, AM_POLICY.max_s, rm_retry_for)
         self.tls = tls_config  # mTLS to the RM and the agents (the node's certificate), None = plaintext
         self.job_id = job_id
@@ -90,7 +92,7 @@ class AMRunner:
         self.metadata = ((AM_TOKEN_KEY, am_token),)
         self.tokens: dict[str, pb.ContainerToken] = {}   # container id -> newest token (the RM renews them)
         self._agents: dict[str, grpc.aio.Channel] = {}
-        self.channel: grpc.aio.Channel
+        self.channels: Channels[grpc.aio.Channel] | None = None
         self.am: Any
         self.client: Any
         self._wake: asyncio.Event
@@ -112,6 +114,7 @@ class AMRunner:
         restarts the AM)."""
         outage: Outage | None = None
         while True:
+            address = self.follower.current
             try:
                 reply = await call()
             except grpc.aio.AioRpcError as exc:
@@ -120,20 +123,30 @@ class AMRunner:
                     raise AMExit(f"{what}: {exc.details()}") from None
                 if exc.code() not in TRANSIENT:
                     raise
+                failure = rpc_failure(exc)
+                # Away or a standby: the leader it named, else the next RM of the list, at once until a whole round
+                # of the list failed; then the back-off below.
+                if failure.failover and not self.follower.failed(failure.why, failure.hint):
+                    log.info("%s: RM at %s did not answer as leader (%s); trying %s", what, address,
+                             failure.why, self.follower.current)
+                    continue
                 now = time.monotonic()
+                rms = (f"RM at {address}" if not self.follower.several
+                       else f"RMs {', '.join(self.follower.addresses)}")
                 if outage is None:
                     outage = Outage(self.retry, now, self.rng)
-                    log.warning("%s: RM at %s unreachable (%s); retrying for %s", what, self.rm_address,
-                                exc.code().name, f"{self.retry.give_up_s:g}s" if self.retry.give_up_s else "ever")
+                    log.warning("%s: %s unreachable (%s); retrying for %s", what, rms,
+                                self.follower.tried() if self.follower.several else exc.code().name,
+                                f"{self.retry.give_up_s:g}s" if self.retry.give_up_s else "ever")
                 delay = outage.next_delay(now)
                 if delay is None:
-                    log.error("%s: RM at %s still unreachable after %.0fs; giving up", what, self.rm_address,
-                              outage.elapsed(now))
+                    log.error("%s: %s still unreachable after %.0fs; giving up", what, rms, outage.elapsed(now))
                     raise
                 await asyncio.sleep(delay)
                 continue
             if outage is not None:
-                log.info("%s: RM answers again after %.1fs", what, outage.elapsed(time.monotonic()))
+                log.info("%s: RM at %s answers again after %.1fs", what, address, outage.elapsed(time.monotonic()))
+            self.follower.succeeded()
             return reply
 
     def _take_am_token(self, token: str) -> None:
@@ -157,9 +170,11 @@ class AMRunner:
 
     async def run(self) -> int:
         # grpc.aio channels belong to the loop they are made in: make them here, not in __init__.
-        self.channel = tls.aio_channel(self.rm_address, self.tls, RECONNECT_OPTIONS)
-        self.am = pbg.ApplicationMasterStub(self.channel)
-        self.client = pbg.ClientStub(self.channel)
+        client_tls = self.tls
+        self.channels = Channels(self.follower, lambda a: tls.aio_channel(a, client_tls, RECONNECT_OPTIONS))
+        # Stubs that call the RM the follower is on at call time (the view follower's too).
+        self.am = self.channels.stub(pbg.ApplicationMasterStub)
+        self.client = self.channels.stub(pbg.ClientStub)
         self._wake = asyncio.Event()
         reg = await self._rm_call("register", lambda: self.am.RegisterApplicationMaster(
             pb.RegisterAMRequest(job_id=self.job_id, am_attempt=self.am_attempt, host=socket.gethostname()),
@@ -267,7 +282,9 @@ class AMRunner:
             await self.view.stop()
         for ch in self._agents.values():
             await ch.close()
-        await self.channel.close()
+        if self.channels is not None:
+            for channel in self.channels.channels.values():
+                await channel.close()
 
     # ------------------------------------------------------------ actions on agents
 

@@ -23,7 +23,9 @@ COUNTS = ("jobs", "succeeded", "failed", "killed", "preempted", "preemptions")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rm", metavar="HOST:PORT", help="the RM to talk to (default: $GPURM_RM, else 127.0.0.1:7070)")
+    p.add_argument("--rm", metavar="HOST:PORT[,...]",
+                   help="the RM, or an active/standby RM list a:7070,b:7070 whose leader is followed (default: "
+                        "$GPURM_RM, else 127.0.0.1:7070)")
     p.add_argument("-o", "--output", choices=("table", "json", "csv"), default="table",
                    help="table for people (default), json or csv for scripts and spreadsheets")
     p.add_argument("--retry-for", metavar="DURATION",

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpurm.cli.client import CliError, connect, rm_address
+from gpurm.cli.client import CliError, connect
 from gpurm.cli.output import ago, message_dict, print_json, table
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rm import pki
@@ -65,7 +65,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         print_json(message_dict(info))
         return 0
     rows = [
-        ["RM", f"{rm_address(args.rm)} (version {info.version}, started {ago(info.started_ms)} ago)"],
+        ["RM", f"{rm.address} (version {info.version}, started {ago(info.started_ms)} ago)"],
         ["security", "INSECURE: no mTLS, identity is the client's claim" if info.insecure else "mTLS"],
         ["you are", escape_controls(info.caller) + (" (RM admin)" if info.caller_admin else "")],
         ["cluster", f"{info.nodes} nodes, {info.gpus_total} GPUs"],

@@ -12,7 +12,7 @@ import getpass
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -20,7 +20,8 @@ import grpc
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.fields import ConfigError, format_duration, parse_duration
 from gpurm.rm import tls
-from gpurm.rm.retry import CLI_POLICY, RECONNECT_OPTIONS, Outage, RetryPolicy, answered, transient
+from gpurm.rm.retry import CLI_POLICY, RECONNECT_OPTIONS, Outage, RetryPolicy, answered
+from gpurm.rm.rmlist import Channels, LeaderFollower, parse_rm_list, rpc_failure
 
 DEFAULT_RM = "127.0.0.1:7070"
 RETRY_ENV = "GPURM_RETRY_FOR"
@@ -46,7 +47,18 @@ class CliError(Exception):
 
 
 def rm_address(flag: str | None) -> str:
+    """The RM list as given (--rm, else $GPURM_RM, else the default): HOST:PORT[,HOST:PORT...]."""
     return flag or os.environ.get("GPURM_RM") or DEFAULT_RM
+
+
+def rm_addresses(flag: str | None) -> tuple[str, ...]:
+    """The RMs to try, in order (an active/standby pair: the client follows the leader). CliError (exit 2) naming
+    --rm or GPURM_RM when the list is not HOST:PORT[,HOST:PORT...]."""
+    try:
+        return parse_rm_list(rm_address(flag))
+    except ValueError as exc:
+        what = "--rm" if flag else "GPURM_RM" if os.environ.get("GPURM_RM") else "the default RM address"
+        raise CliError(f"{what}: {exc}") from None
 
 
 def retry_window(flag: str | None) -> float:
@@ -63,7 +75,7 @@ def retry_window(flag: str | None) -> float:
 
 def connect(args: argparse.Namespace) -> RM:
     """The RM a command's --rm / --retry-for (or their environment variables) name."""
-    return RM(rm_address(getattr(args, "rm", None)), retry_for=retry_window(getattr(args, "retry_for", None)))
+    return RM(rm_addresses(getattr(args, "rm", None)), retry_for=retry_window(getattr(args, "retry_for", None)))
 
 
 def current_user() -> str:
@@ -80,11 +92,20 @@ class RM:
     it is tried again with capped, jittered exponential back-off (`gpurm.rm.retry`) for up to `retry_for`
     seconds from the first failure, saying so once on stderr; then the command fails with one line and exit 3.
     Every Client / Admin call is safe to repeat: reads, idempotent writes (kill, scale, drain, refresh-queues),
-    and submit, which the RM deduplicates by its submit_id."""
+    and submit, which the RM deduplicates by its submit_id.
 
-    def __init__(self, address: str, timeout: float = 15.0, retry_for: float = CLI_POLICY.give_up_s,
+    Several RMs (an active/standby pair): a call the RM could not answer as leader (unreachable, or a standby's
+    refusal) goes at once to the leader the standby named, when it is one of the list, else to the next RM
+    (`gpurm.rm.rmlist`); the back-off sleeps only after every RM of the list failed once, and `retry_for` bounds the
+    whole outage as before (0: each RM is tried once)."""
+
+    def __init__(self, address: str | Sequence[str], timeout: float = 15.0, retry_for: float = CLI_POLICY.give_up_s,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
-        self.address = address
+        try:
+            addresses = parse_rm_list(address)
+        except ValueError as exc:
+            raise CliError(f"--rm: {exc}") from None
+        self.follower = LeaderFollower(addresses)
         self.timeout = timeout
         self.policy = RetryPolicy(CLI_POLICY.base_s, CLI_POLICY.max_s, retry_for)
         self.clock = clock
@@ -95,10 +116,22 @@ class RM:
             self.tls = tls.tls_from_env()
         except ConfigError as exc:
             raise CliError("; ".join(exc.problems)) from None
-        self.channel = tls.channel(address, self.tls, RECONNECT_OPTIONS + CHANNEL_OPTIONS)
-        self.client = pbg.ClientStub(self.channel)
-        self.admin = pbg.AdminStub(self.channel)
+        client_tls = self.tls
+        self.channels: Channels[grpc.Channel] = Channels(
+            self.follower, lambda a: tls.channel(a, client_tls, RECONNECT_OPTIONS + CHANNEL_OPTIONS))
+        # Stubs that call whichever RM the follower is on at call time.
+        self.client: pbg.ClientStub = self.channels.stub(pbg.ClientStub)
+        self.admin: pbg.AdminStub = self.channels.stub(pbg.AdminStub)
         self.metadata = (("x-gpurm-user", current_user()),)
+
+    @property
+    def address(self) -> str:
+        """The RM called now (the leader, once one answered)."""
+        return self.follower.current
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return self.follower.addresses
 
     def call(self, method: Callable[..., T], request: Any, timeout: float | None = None) -> T:
         outage: Outage | None = None
@@ -106,17 +139,20 @@ class RM:
             try:
                 reply = method(request, metadata=self.metadata, timeout=timeout or self.timeout)
             except grpc.RpcError as exc:
-                code, details = _status(exc)
-                said = answered(exc.trailing_metadata()) if hasattr(exc, "trailing_metadata") else False
-                if self.policy.give_up_s <= 0 or not transient(code.name if code else "", details, said,
-                                                               reached=self.reached):
+                failure = rpc_failure(exc, reached=self.reached)
+                if not failure.failover:
+                    raise self.translate(exc, outage) from None
+                failed = self.follower.current
+                if not self.follower.failed(failure.why, failure.hint):
+                    continue            # another RM of the list to try before backing off
+                if self.policy.give_up_s <= 0:
                     raise self.translate(exc, outage) from None
                 now = self.clock()
                 if outage is None:
                     outage = Outage(self.policy, now)
-                    why = (details or "").strip().split("\n")[0][:120] or (code.name if code else "?")
-                    _say(f"RM at {self.address} unreachable ({why}); retrying for "
-                         f"{format_duration(self.policy.give_up_s)} ...")
+                    what = (f"no RM answers as leader (tried {self.follower.tried()})" if self.follower.several
+                            else f"RM at {failed} unreachable ({failure.why})")
+                    _say(f"{what}; retrying for {format_duration(self.policy.give_up_s)} ...")
                 elif self.tty:        # a terminal: the time left, rewritten in place
                     _say(f"\r\x1b[2K  still unreachable, {format_duration(outage.left(now) or 0)} left ...",
                          end="")
@@ -132,6 +168,7 @@ class RM:
                     _say("")
                 _say(f"RM at {self.address} answers again after {format_duration(outage.elapsed(self.clock()))}")
             self.reached = True
+            self.follower.succeeded()
             return reply
 
     def pages(self, method: Callable[..., T], request: Any, limit: int = 0) -> Iterator[T]:
@@ -152,6 +189,14 @@ class RM:
         if code is grpc.StatusCode.UNAVAILABLE and (details or "").startswith("the RM's store"):
             return CliError(f"the RM is up but refuses changes: {details}")
         said = answered(exc.trailing_metadata()) if hasattr(exc, "trailing_metadata") else False
+        failure = rpc_failure(exc, reached=self.reached)
+        if failure.failover and (self.follower.several or failure.standby):
+            tried = f" after retrying for {format_duration(outage.elapsed(self.clock()))}" if outage else ""
+            mtls = (f"; over mTLS, each RM's certificate must name its host and come from the CA in {self.tls.ca}"
+                    if self.tls is not None else "")
+            return CliError(f"no RM answered as leader{tried}: tried {self.follower.tried()}; are they running, "
+                            f"and is one of them the leader? Check --rm / GPURM_RM (HOST:PORT,HOST:PORT...), or "
+                            f"wait and retry with a longer --retry-for{mtls}", code=EXIT_UNREACHABLE)
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not said:
             why = " ".join((details or "").split()) or code.name
             tried = f" after retrying for {format_duration(outage.elapsed(self.clock()))}" if outage else ""
@@ -170,7 +215,8 @@ class RM:
         return CliError(details or (code.name if code else "RM call failed"))
 
     def close(self) -> None:
-        self.channel.close()
+        for channel in self.channels.channels.values():
+            channel.close()
 
 
 def page_size_arg(args: argparse.Namespace, default: int) -> int:

@@ -27,7 +27,9 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
 
 def _common() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--rm", metavar="HOST:PORT", help="the RM to talk to (default: $GPURM_RM, else 127.0.0.1:7070)")
+    p.add_argument("--rm", metavar="HOST:PORT[,...]",
+                   help="the RM, or an active/standby RM list a:7070,b:7070 whose leader is followed (default: "
+                        "$GPURM_RM, else 127.0.0.1:7070)")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table",
                    help="table for people (default), json for scripts")
     p.add_argument("--retry-for", metavar="DURATION",
@@ -93,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _sub(subs, "jobs", "list jobs (oldest first; fetched and printed a page at a time)",
              "  gpurm jobs\n  gpurm jobs --state RUNNING --queue research.nlp\n  gpurm jobs --limit 0 --user alice\n"
-             "  gpurm jobs -o json | jq '.[].job_id'")
+             "  gpurm jobs -o json | jq '.[].job_id'\n"
+             "  gpurm jobs --rm rm-a:7070,rm-b:7070    # an active/standby pair: the leader answers")
     p.add_argument("--state", action="append", default=[], type=str.upper,
                    choices=("QUEUED", "ALLOCATING", "RUNNING", "SUCCEEDED", "FAILED", "KILLED"),
                    help="only jobs in this state (repeatable)")
@@ -192,8 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
              "use, and the RM's version",
              "  gpurm version\n  gpurm version -o json --rm rm.example.org:7070", common=False)
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    p.add_argument("--rm", metavar="HOST:PORT", help="the RM to ask for its version (default: $GPURM_RM, else "
-                   "127.0.0.1:7070)")
+    p.add_argument("--rm", metavar="HOST:PORT[,...]", help="the RM, or an RM list a:7070,b:7070, to ask for its "
+                   "version (default: $GPURM_RM, else 127.0.0.1:7070)")
     p.set_defaults(func=cmd_version)
 
     p = _sub(subs, "rm", "run the ResourceManager daemon", "  gpurm rm --config configs/rm.yaml", common=False)
@@ -206,10 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _sub(subs, "agent", "run a node agent on this GPU server",
              "  gpurm agent --config configs/agent.yaml\n"
+             "  gpurm agent --config configs/agent.yaml --rm rm-a:7070,rm-b:7070   # an active/standby RM pair\n"
              "  gpurm agent --discover            # the GPUs and topology NVML finds, then exit", common=False)
     p.add_argument("--config", help="agent.yaml (see configs/agent.yaml)")
     p.add_argument("--node-id", help="this node's id (overrides the file)")
-    p.add_argument("--rm", help="the RM's HOST:PORT (overrides the file)")
+    p.add_argument("--rm", metavar="HOST:PORT[,...]",
+                   help="the RM, or an active/standby RM list a:7070,b:7070 (overrides the file's rm)")
     p.add_argument("--listen", help="HOST:PORT for the ContainerManager service (port 0: any free port)")
     p.add_argument("--rack", help="rack / IB domain name")
     p.add_argument("--state-dir", help="where the agent keeps container state and logs")

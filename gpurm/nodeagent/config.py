@@ -28,6 +28,7 @@ from gpurm.nodeagent.sweep import DEFAULT_KEEP_S, NEVER
 from gpurm.queues.fields import ConfigError, Problems, Reader, parse_address
 from gpurm.rm.limits import ServerLimits, read_limits
 from gpurm.rm.retry import AGENT_POLICY, RetryPolicy
+from gpurm.rm.rmlist import parse_rm_list
 from gpurm.rm.tls import TLSConfig, load_tls, read_tls_section
 from gpurm.rm.tokens import TokenKey, parse_node_secret
 
@@ -103,7 +104,7 @@ class AgentConfig:
     node_id: str
     host: str                     # the address the RM and AMs reach this agent at
     listen: str                   # HOST:PORT the ContainerManager server binds (port 0 = any)
-    rm: str                       # HOST:PORT of the RM
+    rm: str                       # HOST:PORT of the RM, or HOST:PORT,HOST:PORT... of an active/standby set
     rack: str
     ib_domain: str
     state_dir: Path
@@ -126,6 +127,11 @@ class AgentConfig:
         c = self.containers
         return RunAsPolicy(mode=c.run_as, secure=self.tls is not None, local_user=c.local_user,
                            rules=UserRules(min_uid=c.min_uid, banned_users=frozenset(c.banned_users)))
+
+    @property
+    def rm_list(self) -> tuple[str, ...]:
+        """The RMs to dial, in order (the agent follows the leader among them; gpurm.rm.rmlist)."""
+        return parse_rm_list(self.rm)
 
     @property
     def listen_port(self) -> int:
@@ -191,7 +197,7 @@ def load_agent_config(path: Path | None, overrides: Mapping[str, object] | None 
     if not host:
         r.error("host", "must not be empty")
     listen = _address(r, "listen", "0.0.0.0:7071")
-    rm = _address(r, "rm", env.get("GPURM_RM") or "127.0.0.1:7070")
+    rm = _rm_list(r, env.get("GPURM_RM") or "127.0.0.1:7070")
     rack = r.text("rack", "rack-0")
     ib_domain = r.text("ib_domain", rack)
     state_dir = Path(r.text("state_dir", "/var/lib/gpurm/agent") or "/var/lib/gpurm/agent").expanduser()
@@ -291,6 +297,21 @@ def _address(r: Reader, key: str, default: str) -> str:
     except ValueError as exc:
         r.error(key, str(exc))
     return value
+
+
+def _rm_list(r: Reader, default: str) -> str:
+    """rm: HOST:PORT, a comma-separated list, or a YAML list (an active/standby RM set) → 'a:7070,b:7070'."""
+    value = r.raw("rm")
+    source = "" if value is not None else " (from GPURM_RM)"
+    value = default if value is None else value
+    if not isinstance(value, str | list):
+        r.error("rm", f"expected HOST:PORT or a list of them, got {value!r}")
+        return "127.0.0.1:7070"
+    try:
+        return ",".join(parse_rm_list(value))
+    except ValueError as exc:
+        r.error("rm", f"{exc}{source}")
+        return "127.0.0.1:7070"
 
 
 def _gpus(g: Reader, *, present: bool) -> GpuConfig:

@@ -96,6 +96,9 @@ async def _run_with_gpus(cfg: AgentConfig, provider: GpuProvider, gpus: list[Gpu
         servicer.am_env = cfg.tls.env()
     if cfg.mqtt_advertise:
         servicer.am_env = {**servicer.am_env, MQTT_URL_ENV: cfg.mqtt_advertise}   # this node's broker address
+    # The AMs this agent starts dial the RMs it dials (agent.yaml rm: the whole active/standby list, as reached from
+    # this node), not the one address the RM that launched them advertises: an AM must outlive a failover too.
+    servicer.am_env = {**servicer.am_env, "GPURM_RM": cfg.rm}
     server = make_server(cfg.limits)
     servicer.add_to_server(server)
     why = listen_problem(cfg.listen)

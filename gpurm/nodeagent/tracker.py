@@ -5,6 +5,10 @@ that carried it, and beats go out at once (coalesced ~20 ms) when something chan
 interval. Any failure (RM down, restarted, stream broken, no reply in time) leads back to registration after
 a jittered back-off; registration reports every container the agent knows, so an RM restart loses nothing
 and no container is touched by it.
+
+With several RMs (agent.yaml `rm: [a:7070, b:7070]`, an active/standby set) a failure moves the agent to the
+leader a standby named, when it is one of the list, else to the next RM (`gpurm.rm.rmlist`); the back-off sleeps
+only once every RM of the list failed, and rm_retry.give_up_after bounds the whole outage as before.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pb_grpc
 from gpurm.rm import tls
 from gpurm.rm.retry import Outage
+from gpurm.rm.rmlist import LeaderFollower, rpc_failure
 from gpurm.rm.tokens import TokenKey, join_proof
 
 log = logging.getLogger(__name__)
@@ -101,6 +106,7 @@ class Tracker:
         self.registrations = 0
         self._backoff = backoff or Backoff(cfg.rm_retry.base_s, cfg.rm_retry.max_s)
         self._outage: Outage | None = None   # since when the RM has been unreachable (None: it answers)
+        self.follower = LeaderFollower(cfg.rm_list)   # which RM of agent.yaml's list to dial now
         self.clock: Callable[[], float] = time.monotonic
         self._seq = 0
         self._pending: dict[str, _Pending] = {}
@@ -117,22 +123,36 @@ class Tracker:
     async def run(self) -> None:
         """Register and heartbeat until cancelled, reconnecting after any failure."""
         while True:
+            address = self.follower.current
             try:
-                async with tls.aio_channel(self.cfg.rm, self.cfg.tls) as channel:
+                async with tls.aio_channel(address, self.cfg.tls) as channel:
                     stub = _tracker_stub(channel)
-                    reg = await self._register(stub)
+                    reg = await self._register(stub, address)
                     await self._heartbeat(stub, reg)
                 log.info("the RM asked this agent to register again")
             except Exception as exc:  # whatever broke, the agent must come back to the RM
-                self._lost(exc)
+                self._lost(exc, address)
                 now = self.clock()
                 if self._outage is None:
                     self._outage = Outage(self.cfg.rm_retry, now)
                 left = self._outage.left(now)
                 if left is not None and left <= 0:
-                    raise RMUnreachable(f"the RM at {self.cfg.rm} has been unreachable for "
-                                        f"{self._outage.elapsed(now):.0f}s (rm_retry.give_up_after)") from exc
-                delay = self._backoff.next()
+                    rms = (f"RM at {address} has" if not self.follower.several
+                           else f"RMs {self.follower.tried()} have")
+                    raise RMUnreachable(f"the {rms} been unreachable for {self._outage.elapsed(now):.0f}s "
+                                        "(rm_retry.give_up_after)") from exc
+                failure = rpc_failure(exc) if isinstance(exc, grpc.RpcError) else None
+                if failure is None or failure.failover:   # away, silent or a standby: the next RM, or the leader
+                    due = self.follower.failed(failure.why if failure else str(exc) or type(exc).__name__,
+                                               failure.hint if failure else "")
+                    if failure is not None and failure.hint and self.follower.current == failure.hint:
+                        log.info("the RM at %s is a standby: following it to the leader at %s", address,
+                                 failure.hint)
+                    elif self.follower.current != address:
+                        log.debug("trying the RM at %s next", self.follower.current)
+                else:
+                    due = True                              # the RM refused: ask it again after the back-off
+                delay = self._backoff.next() if due else 0.0
                 if self.registered.is_set() and self.registration is not None:
                     # A session just broke (most often: the RM restarted). Every agent of the fleet saw it at
                     # once: come back at a random point of the spread the RM asked for, not all together.
@@ -169,7 +189,7 @@ class Tracker:
 
     # ------------------------------------------------------------------ registration
 
-    async def _register(self, stub: Any) -> Registration:
+    async def _register(self, stub: Any, address: str) -> Registration:
         records = self.supervisor.records()
         request = pb.RegisterNodeRequest(
             node_id=self.cfg.node_id, host=self.cfg.host, agent_port=self.agent_port, rack=self.cfg.rack,
@@ -202,8 +222,9 @@ class Tracker:
         self.registration = reg
         self.registrations += 1
         self._outage = None
+        self.follower.succeeded()
         log.info("registered with the RM at %s: session %s, %d containers, heartbeat every %.1fs",
-                 self.cfg.rm, reg.session, len(records), reg.interval_s)
+                 address, reg.session, len(records), reg.interval_s)
         self._outage_logged = False
         if self.on_registered is not None:
             self.on_registered(reg)
@@ -324,7 +345,7 @@ class Tracker:
         if not task.cancelled() and task.exception() is not None:
             log.error("stop order failed: %s", task.exception())
 
-    def _lost(self, exc: BaseException) -> None:
+    def _lost(self, exc: BaseException, address: str) -> None:
         expected = isinstance(exc, grpc.aio.AioRpcError | _StreamEnded | TimeoutError | OSError)
         if isinstance(exc, grpc.aio.AioRpcError):
             why = f"{exc.code().name}: {exc.details() or ''}".rstrip(": ")
@@ -334,5 +355,5 @@ class Tracker:
         # One warning per outage; the retries in between are debug noise. A surprise gets its traceback.
         level = logging.DEBUG if self._outage_logged else logging.WARNING
         log.log(level, "%s at %s (%s); retrying with back-off, containers keep running",
-                was, self.cfg.rm, why, exc_info=None if expected else exc)
+                was, address, why, exc_info=None if expected else exc)
         self._outage_logged = True

@@ -298,6 +298,8 @@ class RMShell:
         if c is None or node is None or not c.phase.live:
             return
         env = {
+            # The agent replaces this with its own agent.yaml rm (the whole active/standby list, as its node reaches
+            # the RMs); this RM's own address is what an AM of an older agent dials.
             "GPURM_RM": self.config.advertised,
             "GPURM_JOB_ID": effect.job_id,
             "GPURM_AM_ATTEMPT": str(effect.am_attempt),

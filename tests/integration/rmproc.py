@@ -286,9 +286,10 @@ class AgentProcess:
 
     def __init__(self, workdir: Path, rm: RMProcess, node_id: str, *, gpus: dict[str, Any] | None = None,
                  containers: dict[str, Any] | None = None, rack: str = "rack-1", ib_domain: str = "ib-1",
-                 run_as_user: str | None = None, **settings: Any) -> None:
+                 run_as_user: str | None = None, rm_list: list[str] | None = None, **settings: Any) -> None:
         """`settings`: more agent.yaml keys (e.g. tls); the test's own calls to it use `rm.client_tls`.
-        `run_as_user`: start the agent as this account (the tests run as root) instead of the tests' user."""
+        `run_as_user`: start the agent as this account (the tests run as root) instead of the tests' user.
+        `rm_list`: agent.yaml `rm` as a list of RMs (default: `rm`'s address alone)."""
         self.run_as_user = run_as_user
         self.workdir = workdir
         self.rm = rm
@@ -303,9 +304,9 @@ class AgentProcess:
                 os.chown(secret, account.pw_uid, account.pw_gid)
             settings["node_secret_file"] = str(secret)
         self.config.write_text(yaml.safe_dump({
-            "node_id": node_id, "listen": "127.0.0.1:0", "rm": rm.address, "rack": rack, "ib_domain": ib_domain,
-            "cpus": 8, "memory_mib": 64000, "state_dir": str(self.state), "gpus": gpus or {"fake": 2},
-            "containers": {"stop_grace": "2s", **(containers or {})}, **settings}))
+            "node_id": node_id, "listen": "127.0.0.1:0", "rm": rm_list or rm.address, "rack": rack,
+            "ib_domain": ib_domain, "cpus": 8, "memory_mib": 64000, "state_dir": str(self.state),
+            "gpus": gpus or {"fake": 2}, "containers": {"stop_grace": "2s", **(containers or {})}, **settings}))
         self.log_path = workdir / "agent.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0

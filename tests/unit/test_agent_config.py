@@ -73,6 +73,36 @@ def test_rm_from_environment_only_when_not_in_file(tmp_path: Path) -> None:
     assert load_agent_config(path, {}, environ={"GPURM_RM": "rm1:7000"}).rm == "rm2:7000"
 
 
+def test_rm_takes_a_list_of_rms(tmp_path: Path) -> None:
+    path = write(tmp_path, "rm: [rm-a:7070, rm-b:7070]\ngpus: {fake: 1}\n")
+    cfg = load_agent_config(path, {}, environ={})
+    assert cfg.rm == "rm-a:7070,rm-b:7070" and cfg.rm_list == ("rm-a:7070", "rm-b:7070")
+    path = write(tmp_path, "rm: 'rm-a:7070, rm-b:7070'\ngpus: {fake: 1}\n")
+    assert load_agent_config(path, {}, environ={}).rm_list == ("rm-a:7070", "rm-b:7070")
+    assert load_agent_config(None, FAKE2, environ={"GPURM_RM": "a:1,b:2"}).rm_list == ("a:1", "b:2")
+    assert load_agent_config(None, {**FAKE2, "rm": "c:1,d:2"}, environ={}).rm_list == ("c:1", "d:2")   # --rm
+
+
+@pytest.mark.parametrize(("rm", "why"), [
+    ("[rm-a:7070, rm-a:7070]", "rm: 'rm-a:7070' is listed twice"),
+    ("'rm-a:7070,'", "rm: item 2 is empty"),
+    ("[rm-a:7070, {x: 1}]", "rm: item 2: expected HOST:PORT, got dict"),
+    ("7070", "rm: expected HOST:PORT or a list of them, got 7070"),
+    ("[rm-a:0]", "rm: 'rm-a:0': port must be from 1 to 65535"),
+])
+def test_a_bad_rm_list_is_named(tmp_path: Path, rm: str, why: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_agent_config(write(tmp_path, f"rm: {rm}\ngpus: {{fake: 1}}\n"), {}, environ={})
+    assert len(info.value.problems) == 1 and info.value.problems[0].startswith(why), info.value.problems
+
+
+def test_a_bad_gpurm_rm_is_named_as_such() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_agent_config(None, FAKE2, environ={"GPURM_RM": "a:1,,b:2"})
+    assert info.value.problems == ["rm: item 2 is empty (write HOST:PORT[,HOST:PORT...] with no empty items) "
+                                   "(from GPURM_RM)"]
+
+
 def test_unknown_keys_are_rejected_by_name(tmp_path: Path) -> None:
     path = write(tmp_path, "node_idd: x\ngpus: {fake: 1, modle: X}\ncontainers: {grace: 5s}\n")
     with pytest.raises(ConfigError) as info:
