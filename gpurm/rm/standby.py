@@ -1,6 +1,6 @@
 """A standby RM: until it takes the lead (rm/leadership.py) it answers every call on the RM's address with
 UNAVAILABLE, naming the leader in the `x-gpurm-leader` trailer, so that clients given several RMs go to the
-leader (gpurm/rmlist.py); then it stops answering and the RM starts for real on the same address.
+leader (rm/rmlist.py); then it stops answering and the RM starts for real on the same address.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rm import tls
 from gpurm.rm.leadership import Lease, Term
 from gpurm.rm.limits import ServerLimits, make_server
+from gpurm.rm.rmlist import LEADER_KEY
 from gpurm.rm.tls import TLSConfig
 
 log = logging.getLogger(__name__)
 
-LEADER_KEY = "x-gpurm-leader"        # trailing metadata: the leader's address, where a standby knows it
 TRY_EVERY = 1.0                     # seconds between a standby's tries to take the lease (at most; ttl / 3 if less)
 
 
