@@ -115,14 +115,14 @@ class Chaos:
         self.rm = RMProcess(workdir / "rm-a" if ha_store else workdir, broker, heartbeat="1s", missed_beats=5,
                             **settings)
         self.standby: RMProcess | None = None
-        agent_settings: dict[str, object] = {}
+        rm_list = None
         if ha_store:
             self.standby = RMProcess(workdir / "rm-b", broker, heartbeat="1s", missed_beats=5,
                                      key_from=self.rm.state_dir / "token.key", standby=True, **settings)
-            agent_settings["rm"] = f"{self.rm.address},{self.standby.address}"
+            rm_list = [self.rm.address, self.standby.address]
         self.agents = [AgentProcess(workdir / f"agent{i}", self.rm, f"chaos-n{i}",
                                     gpus={"fake": GPUS_PER_NODE}, rack=f"rack-{i % 2}", ib_domain=f"ib-{i % 2}",
-                                    containers={"stop_grace": "1s"}, **agent_settings)
+                                    containers={"stop_grace": "1s"}, rm_list=rm_list)
                        for i in range(NODES)]
 
     # ------------------------------------------------------------ the run
@@ -257,6 +257,7 @@ class Chaos:
 
     def kill_agent(self) -> None:
         victim = self.rng.choice(self.agents)
+        victim.rm = self.rm             # (with two RMs: the one leading now, which it registers with)
         assert victim.proc is not None
         victim.proc.kill()
         victim.proc.wait()
@@ -411,6 +412,7 @@ def main() -> int:
             if args.ha:
                 from tests.pg import run_postgres
 
+                os.chmod(workdir, 0o711)      # the server runs as `postgres` when we are root: it must get in
                 ha_store = stack.enter_context(run_postgres(workdir / "postgres")).create_database()
                 say("PostgreSQL up; two RMs on it")
             chaos = Chaos(workdir, broker, args.jobs, args.seed, say, ha_store=ha_store)
