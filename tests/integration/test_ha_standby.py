@@ -6,6 +6,9 @@ refused (fencing)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -120,3 +123,31 @@ def test_a_deposed_leaders_store_write_is_refused_and_commits_nothing(pg_url: st
             s.close()
         for lease in leases:
             lease.conn.close()
+
+
+def test_ha_status_says_who_leads_and_exits_1_when_nobody_does(pg_url: str) -> None:
+    def status(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gpurm.cli.main", "admin", "ha", "status", *extra],
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    nobody = status("--store", pg_url)
+    assert nobody.returncode == 1 and "none (last: never)" in nobody.stdout, nobody.stdout + nobody.stderr
+    lease = Lease(psycopg.connect(pg_url, autocommit=True), "rm-a.example:7070", 30.0)
+    try:
+        lease.ensure_schema()
+        epoch = lease.take()
+        shown = status("--store", pg_url, "-o", "json")
+        assert shown.returncode == 0, shown.stderr
+        data = json.loads(shown.stdout)
+        assert data["leader"] == "rm-a.example:7070" and data["epoch"] == epoch and 0 < data["lease_left_s"] <= 30
+        table = status("--store", pg_url).stdout
+        assert "rm-a.example:7070" in table and f"epoch   {epoch}" in table
+        lease.release(epoch)
+        after = status("--store", pg_url)
+        assert after.returncode == 1 and "last: rm-a.example:7070" in after.stdout
+    finally:
+        lease.conn.close()
+    bad = status("--store", "sqlite:///tmp/x.db")
+    assert bad.returncode == 2 and "--store" in bad.stderr and "postgresql://" in bad.stderr
+    down = status("--store", f"postgresql://gpurm@127.0.0.1:{free_port()}/gpurm")
+    assert down.returncode == 2 and "cannot read the lease" in down.stderr
