@@ -199,7 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "version (default: $GPURM_RM, else 127.0.0.1:7070)")
     p.set_defaults(func=cmd_version)
 
-    p = _sub(subs, "rm", "run the ResourceManager daemon", "  gpurm rm --config configs/rm.yaml", common=False)
+    p = _sub(subs, "rm", "run the ResourceManager daemon (exit 0 stopped, 1 a stop that hung, 2 cannot start, 3 no "
+                         "longer the leader of an HA set: restart it, it stands by)",
+             "  gpurm rm --config configs/rm.yaml", common=False)
     p.add_argument("--config", help="rm.yaml (see configs/rm.yaml)")
     p.add_argument("--listen", help="HOST:PORT for gRPC (overrides the file)")
     p.add_argument("--state-dir", help="where the RM keeps its store and key (overrides the file)")
