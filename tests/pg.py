@@ -61,11 +61,21 @@ def _as_server_user(argv: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *argv]
 
 
+def server_binary(name: str) -> str | None:
+    """A PostgreSQL server program: on PATH, else Debian's place for it (the newest version installed)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    versions = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"),
+                      key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0)
+    return str(versions[-1]) if versions else None
+
+
 @contextlib.contextmanager
 def run_postgres(workdir: Path) -> Iterator[PgServer]:
-    missing = [b for b in SERVER_BINARIES if shutil.which(b) is None]
+    missing = [b for b in SERVER_BINARIES if server_binary(b) is None]
     if missing:
-        pytest.fail(f"PostgreSQL binaries missing from PATH: {', '.join(missing)}; {HINT}")
+        pytest.fail(f"PostgreSQL binaries missing (PATH, /usr/lib/postgresql/*/bin): {', '.join(missing)}; {HINT}")
     try:
         import psycopg  # noqa: F401
     except ImportError:
@@ -82,9 +92,9 @@ def run_postgres(workdir: Path) -> Iterator[PgServer]:
     port = free_port()
     log = workdir / "postgres.log"
 
-    def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(_as_server_user(list(argv)), cwd=workdir, capture_output=True, text=True, check=False,
-                              timeout=60)
+    def run(name: str, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(_as_server_user([str(server_binary(name)), *argv]), cwd=workdir, capture_output=True,
+                              text=True, check=False, timeout=60)
 
     done = run("initdb", "-D", str(data), "-U", USER, "--auth=trust", "-E", "UTF8", "--no-sync", "--no-instructions")
     if done.returncode != 0:
