@@ -18,6 +18,7 @@ from gpurm.rm import tls
 from gpurm.rm.leadership import Lease, Term
 from gpurm.rm.limits import ServerLimits, make_server
 from gpurm.rm.rmlist import LEADER_KEY
+from gpurm.rm.store import StoreWriteError
 from gpurm.rm.tls import TLSConfig
 
 log = logging.getLogger(__name__)
@@ -122,9 +123,13 @@ class Leadership:
         import psycopg
 
         url = self.url
-        conn = await asyncio.to_thread(lambda: psycopg.connect(url, autocommit=True, connect_timeout=10))
-        self.lease = Lease(conn, self.advertised, self.term.ttl_s)
-        await asyncio.to_thread(self.lease.ensure_schema)
+        try:
+            conn = await asyncio.to_thread(lambda: psycopg.connect(url, autocommit=True, connect_timeout=10))
+            self.lease = Lease(conn, self.advertised, self.term.ttl_s)
+            await asyncio.to_thread(self.lease.ensure_schema)
+        except psycopg.Error as exc:
+            detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise StoreWriteError(f"the lease in the store's database cannot be read: {detail}") from None
         return await wait_for_lead(self.lease, self.term, self.listen, self.tls_config, self.limits, stop)
 
     async def keep(self, stop: asyncio.Event) -> None:
