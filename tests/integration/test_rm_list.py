@@ -162,7 +162,8 @@ def test_an_agent_follows_a_standby_to_the_leader_it_names(cluster: tuple[RMProc
         agent.start()
         assert standby.calls >= 1
         assert f"is a standby: following it to the leader at {rm.address}" in agent.log_text()
-        assert f"registered with the RM at {rm.address}" in agent.log_text()
+        # The RM lists the node as it answers; the agent logs its registration when the answer arrives.
+        poll(lambda: f"registered with the RM at {rm.address}" in agent.log_text(), WAIT, agent.log_text)
         assert f"at {dead}" not in agent.log_text()       # the dead RM between them was skipped
     finally:
         agent.close()
