@@ -157,8 +157,9 @@ def process_groups() -> list[tuple[int, int]]:
     return out
 
 
-def processes_with_env(key: str, value: str) -> list[int]:
-    """Pids of live processes whose environment has key=value (how we find a job's processes)."""
+def processes_with_env(key: str, value: str, *, prefix: bool = False) -> list[int]:
+    """Pids of live processes whose environment has key=value (how we find a job's processes); `prefix`: a value
+    that starts with `value`."""
     needle = f"{key}={value}".encode()
     found = []
     for entry in Path("/proc").iterdir():
@@ -169,7 +170,7 @@ def processes_with_env(key: str, value: str) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if needle in env and state != "Z":
+        if state != "Z" and (any(v.startswith(needle) for v in env) if prefix else needle in env):
             found.append(int(entry.name))
     return found
 
