@@ -326,13 +326,28 @@ class ContainerSupervisor:
             started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._starting[container_id] = started
         # The launch (a launcher process and its handshake, ~0.1 s) runs outside the lock, so a gang's
-        # containers start side by side; a repeated start of this id waits on `started`.
+        # containers start side by side; a repeated start of this id waits on `started`. It is a task of its
+        # own that the caller only waits for: a caller that goes away (its StartContainer call cancelled, the RM
+        # or AM killed mid-call) must not abandon a launcher already spawned, unwatched, its record STARTING
+        # for good (its end never seen, and a later stop of it waiting forever).
+        launch = asyncio.create_task(self._launch_and_settle(rec, cdir, env, started))
+        self._tasks.add(launch)
+        launch.add_done_callback(self._launch_done)
+        await asyncio.shield(launch)
+        return rec
+
+    async def _launch_and_settle(self, rec: ContainerRecord, cdir: Path, env: Mapping[str, str],
+                                 started: asyncio.Future[None]) -> None:
         try:
             await self._launch(rec, cdir, env)
         finally:
-            self._starting.pop(container_id, None)
+            self._starting.pop(rec.container_id, None)
             started.set_result(None)
-        return rec
+
+    def _launch_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:   # also raised to the caller, if still there
+            log.error("container launch failed", exc_info=task.exception())
 
     async def _launch(self, rec: ContainerRecord, cdir: Path, env: Mapping[str, str]) -> None:
         try:

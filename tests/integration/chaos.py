@@ -8,7 +8,8 @@ Used by tests/integration/test_chaos.py (50 jobs) and by `scripts/chaos --jobs N
 - attempts and retries are counted right: a job's counted failures are exactly its attempts that failed with a
   user or infrastructure cause, and a SUCCEEDED job's earlier attempts all ended by the chaos (infra / AM);
 - no two live containers ever shared a GPU, from the agents' own records (start/end per node and GPU index);
-- no process is left behind once every job has ended, and none once the agents stop.
+- no process is left behind once every job has ended, and none once the agents stop;
+- every agent stops on SIGTERM (stopping what still runs) rather than being SIGKILLed after 20 s.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rm import paging
 from tests.conftest import TestBroker, run_broker
 from tests.integration.harness import alive
-from tests.integration.rmproc import TERMINAL, AgentProcess, RMProcess, kill_group
+from tests.integration.rmproc import TERMINAL, WAIT, AgentProcess, RMProcess, kill_group
 
 log = logging.getLogger("chaos")
 
@@ -141,6 +142,9 @@ class Chaos:
         finally:
             for a in self.agents:
                 a.close()
+                if a.proc is not None and a.proc.returncode == -signal.SIGKILL:   # close() had to kill it
+                    self.report.problems.append(f"agent {a.node_id} did not stop within {WAIT:g}s of SIGTERM "
+                                                f"(SIGKILLed): {a.log_text()[-2000:]}")
             self.check_leftovers(after_stop=True)
             self.rm.close()
             if self.standby is not None:

@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 import grpc
 import yaml
 
+from gpurm.nodeagent.cgroups import agent_cgroup_name
+from gpurm.nodeagent.procgroup import MARKER_ENV
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.rm import paging, tls
@@ -365,9 +367,13 @@ class AgentProcess:
         return self.proc.wait(timeout)
 
     def processes(self, **env: str) -> list[int]:
-        """Live processes of this agent's containers (every container's environment names its node), only
-        those whose environment also has each KEY=VALUE given (job ids repeat across RMs on one machine)."""
-        pids = set(processes_with_env("GPURM_NODE_ID", self.node_id))
+        """Live processes of this agent's containers, only those whose environment also has each KEY=VALUE given
+        (job ids repeat across RMs on one machine). Found by the key every container's environment carries, which
+        starts with its agent's name for itself (the node id and a digest of its state dir): not by the node id
+        alone, which another test or a test session beside this one may give its own agent (close() kills what
+        it finds)."""
+        key = f"{agent_cgroup_name(self.node_id, self.state)}/"
+        pids = set(processes_with_env(MARKER_ENV, key, prefix=True))
         for key, value in env.items():
             pids &= set(processes_with_env(key, value))
         return sorted(pids)

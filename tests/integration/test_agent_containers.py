@@ -200,6 +200,28 @@ async def test_start_is_idempotent(sup: ContainerSupervisor) -> None:
     assert sup.read_log("c-idem", 0, 10).done
 
 
+async def test_a_start_whose_caller_goes_away_still_launches_and_is_watched(sup: ContainerSupervisor) -> None:
+    """A StartContainer call cancelled mid-launch (the RM or AM calling it was killed): the launcher it spawned is
+    watched all the same, so the container's end is seen and a stop of it returns (it used to stay STARTING,
+    unwatched, and a stop of it, the agent's shutdown among them, waited forever)."""
+    caller = asyncio.create_task(sup.start("c-gone", "job-1", LEARNER, ["sleep", "300"], {}, "", [0], 1, "alice"))
+    while sup.record("c-gone") is None:          # the record exists: the launch is under way
+        await asyncio.sleep(0)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    rec = sup.record("c-gone")
+    assert rec is not None
+
+    async def running() -> None:
+        while rec.state != pb.CONTAINER_RUNNING:
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(running(), WAIT)
+    assert pid_alive(rec.pid)
+    stopped = await asyncio.wait_for(sup.stop("c-gone", 0.5, "done"), WAIT)
+    assert stopped.state == pb.CONTAINER_EXITED and stopped.stopped and not pid_alive(rec.pid)
+
+
 async def test_forget_only_ended(sup: ContainerSupervisor) -> None:
     await sup.start("c-live", "job-1", LEARNER, ["sleep", "300"], {}, "", [], 1, "alice")
     assert not sup.forget("c-live")

@@ -29,14 +29,26 @@ queues:
 SLEEP = ["--", "sh", "-c", "sleep 600"]
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, broker: TestBroker) -> Iterator[DevCluster]:
-    qfile = tmp_path / "queues.yaml"
+def queues_cluster(workdir: Path, broker: TestBroker) -> Iterator[DevCluster]:
+    qfile = workdir / "queues.yaml"
     qfile.write_text(QUEUES)
-    c = DevCluster(tmp_path / "c", nodes=2, racks=1, broker=broker, extra=["--queues", str(qfile)])
+    c = DevCluster(workdir / "c", nodes=2, racks=1, broker=broker, extra=["--queues", str(qfile)])
     c.queues_file = qfile  # type: ignore[attr-defined]
     yield c
     c.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, broker: TestBroker) -> Iterator[DevCluster]:
+    """A fresh cluster: the preemption tests need it empty, and leave jobs behind."""
+    yield from queues_cluster(tmp_path, broker)
+
+
+@pytest.fixture(scope="module")
+def config_cluster(tmp_path_factory: pytest.TempPathFactory, broker: TestBroker) -> Iterator[DevCluster]:
+    """One cluster for the tests of the queue config and ACLs: each leaves no job running, and each checks the
+    tree it made itself (a refresh, a reread) or what every tree here has (the private queue's ACL)."""
+    yield from queues_cluster(tmp_path_factory.mktemp("queues-config"), broker)
 
 
 def running(c: DevCluster, job_ids: list[str], timeout: float = 30) -> None:
@@ -90,8 +102,8 @@ def test_a_non_preemptible_queue_is_never_preempted(cluster: DevCluster) -> None
         c.gpurm("kill", j, "--no-wait")
 
 
-def test_refresh_with_a_bad_file_keeps_the_old_tree(cluster: DevCluster, tmp_path: Path) -> None:
-    c = cluster
+def test_refresh_with_a_bad_file_keeps_the_old_tree(config_cluster: DevCluster, tmp_path: Path) -> None:
+    c = config_cluster
     before = c.gpurm("queues", "-o", "json").json()
     bad = tmp_path / "bad.yaml"
     bad.write_text("queues:\n  team-a: {weight: -2, colour: blue}\n")
@@ -123,8 +135,8 @@ def test_refresh_with_a_bad_file_keeps_the_old_tree(cluster: DevCluster, tmp_pat
     assert "warning" not in c.gpurm("admin", "check-queues", str(over), "--capacity", "32").err
 
 
-def test_sighup_rereads_the_configured_file(cluster: DevCluster) -> None:
-    c = cluster
+def test_sighup_rereads_the_configured_file(config_cluster: DevCluster) -> None:
+    c = config_cluster
     c.queues_file.write_text(QUEUES + "  extra: {weight: 2}\n")  # type: ignore[attr-defined]
     os.kill(c.info["rm"]["pid"], signal.SIGHUP)
     deadline = time.monotonic() + 10
@@ -136,10 +148,10 @@ def test_sighup_rereads_the_configured_file(cluster: DevCluster) -> None:
     assert "root.extra" in paths
 
 
-def test_a_user_outside_the_submit_acl_is_refused(cluster: DevCluster) -> None:
-    r = cluster.gpurm("submit", "--gpus", "1", "--queue", "private", "--", "true")
+def test_a_user_outside_the_submit_acl_is_refused(config_cluster: DevCluster) -> None:
+    r = config_cluster.gpurm("submit", "--gpus", "1", "--queue", "private", "--", "true")
     assert r.code == 5 and "may not submit to private" in r.err and "alice-only" in r.err
     assert len(r.err.strip().splitlines()) == 1
-    text = cluster.gpurm("queues").out
+    text = config_cluster.gpurm("queues").out
     assert text.splitlines()[0].split()[:5] == ["QUEUE", "WEIGHT", "MIN", "MAX", "STEADY"]
     assert "team-a" in text and "private" in text
