@@ -14,7 +14,7 @@ import pytest
 
 from gpurm.proto import gpurm_pb2 as pb
 from tests.conftest import TestBroker
-from tests.integration.harness import ROOT, DevCluster
+from tests.integration.harness import ROOT, TERMINAL, DevCluster
 
 SCRIPT = ROOT / "configs" / "jobs" / "elastic_train.py"
 WORLD = re.compile(r"step (\d+) world (\d+)")
@@ -45,7 +45,10 @@ def wait_world(c: DevCluster, job: str, world: int, timeout: float = 120) -> int
         seen = steps(c, job)
         if seen and seen[-1][1] == world:
             return seen[-1][0]
-        assert c.job(job).state == pb.JOB_RUNNING, c.job(job).diagnostics
+        # Before its first step the job may still be queued or acquiring; once it trains it stays RUNNING through
+        # every resize (and it never ends here).
+        state = c.job(job)
+        assert (state.state == pb.JOB_RUNNING) if seen else (state.state not in TERMINAL), state.diagnostics
         time.sleep(0.5)
     raise AssertionError(f"{job} never trained with world {world}; last steps {steps(c, job)[-5:]}\n"
                          + c.gpurm("logs", job, "--am").out[-3000:])
