@@ -69,6 +69,8 @@ def test_an_elastic_torchrun_job_grows_shrinks_and_keeps_training(tmp_path: Path
     try:
         job = c.submit("--gpus", "1:3", "--workdir", str(work), "--", "sh", "-c",
                        torchrun(work))
+        # Running first: wait_world fails fast on a job that is not (it raced the start on an idle machine).
+        c.wait_job(job, states=[pb.JOB_RUNNING], timeout=90)
         at_3 = wait_world(c, job, 3)                            # grew onto the two idle servers
         other = c.submit("--gpus", "1", "--", "sh", "-c", "sleep 600")
         c.wait_job(other, states=[pb.JOB_RUNNING], timeout=90)  # took one elastic GPU back
