@@ -41,6 +41,7 @@ from gpurm.rm.store import (
     Snapshot,
     StoreDamaged,
     StoreWriteError,
+    decode_record,
     too_new,
 )
 from gpurm.rm.storeurl import redact
@@ -298,14 +299,7 @@ class PostgresStore:
         return retired.usage_of(rows[0]) if rows else None
 
     def finished_usages(self, since: float | None = None, until: float | None = None) -> list[JobUsage]:
-        where, args = [], []
-        if since is not None:
-            where.append("finish >= %s")
-            args.append(since)
-        if until is not None:
-            where.append("finish < %s")
-            args.append(until)
-        sql = f"SELECT {_COLUMNS} FROM finished" + (" WHERE " + " AND ".join(where) if where else "")
+        sql, args = retired.finished_query(since, until, "%s", _COLUMNS)
         return [retired.usage_of(row) for row in self._query(sql, args)]
 
     def retired_counts(self) -> dict[str, tuple[int, int]]:
@@ -321,14 +315,6 @@ class PostgresStore:
             order = " ORDER BY seq" if table == "jobs" else ""
             for record_key, data in db.execute(f"SELECT {key}, data FROM {table}{order}".encode()).fetchall():
                 yield table, str(record_key), cls, data
-
-    @staticmethod
-    def _decode(record: type, data: str) -> object:
-        try:
-            raw = json.loads(data)
-        except (ValueError, TypeError) as exc:
-            raise RecordError(f"not JSON ({exc})") from None
-        return from_dict(record, raw, STORED_FIELD_TYPES)
 
     @contextlib.contextmanager
     def _snapshot_read(self) -> Iterator[psycopg.Connection[Any]]:
@@ -351,7 +337,7 @@ class PostgresStore:
             with self._snapshot_read() as db:
                 for table, key, cls, data in self._rows(db):
                     try:
-                        lists[table].append(self._decode(cls, data))
+                        lists[table].append(decode_record(cls, data))
                     except RecordError as exc:
                         raise StoreDamaged(f"the RM's store {self.where} has a record it cannot read: {table} "
                                            f"{key[:128]}: {str(exc)[:300]}; list what is damaged with `gpurm admin "
@@ -371,7 +357,7 @@ class PostgresStore:
             with self._snapshot_read() as db:
                 for table, key, cls, data in self._rows(db):
                     try:
-                        self._decode(cls, data)
+                        decode_record(cls, data)
                     except RecordError as exc:
                         out.append(Damage(f"{table} {key[:128]}", str(exc)[:300]))
                 for k, v in db.execute("SELECT key, value FROM meta").fetchall():

@@ -106,15 +106,22 @@ def finished_row(db: sqlite3.Connection, job_id: str) -> JobUsage | None:
     return usage_of(row) if row is not None else None
 
 
-def finished_usages(db: sqlite3.Connection, since: float | None, until: float | None) -> list[JobUsage]:
+def finished_query(since: float | None, until: float | None, mark: str = "?",
+                   columns: str = _COLUMNS) -> tuple[str, list[float]]:
+    """The SELECT of finished rows in [since, until), and its arguments, in a driver's dialect: `mark` its
+    placeholder (SQLite `?`, psycopg `%s`), `columns` the column list as it must be spelled there."""
     where, args = [], []
     if since is not None:
-        where.append("finish >= ?")
+        where.append(f"finish >= {mark}")
         args.append(since)
     if until is not None:
-        where.append("finish < ?")
+        where.append(f"finish < {mark}")
         args.append(until)
-    sql = f"SELECT {_COLUMNS} FROM finished" + (" WHERE " + " AND ".join(where) if where else "")
+    return f"SELECT {columns} FROM finished" + (" WHERE " + " AND ".join(where) if where else ""), args
+
+
+def finished_usages(db: sqlite3.Connection, since: float | None, until: float | None) -> list[JobUsage]:
+    sql, args = finished_query(since, until)
     return [usage_of(row) for row in db.execute(sql, args)]
 
 

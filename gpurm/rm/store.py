@@ -96,6 +96,15 @@ def rows(jobs: Iterable[Job], containers: Iterable[Container], nodes: Iterable[N
                 [(n.node_id, json.dumps(to_dict(n))) for n in nodes], list(meta.items()))
 
 
+def decode_record(record: type, data: str) -> object:
+    """A stored record (JSON text) back into its dataclass; RecordError naming what is wrong."""
+    try:
+        raw = json.loads(data)
+    except (ValueError, TypeError) as exc:
+        raise RecordError(f"not JSON ({exc})") from None
+    return from_dict(record, raw, STORED_FIELD_TYPES)
+
+
 @dataclass
 class Snapshot:
     jobs: list[Job] = field(default_factory=list)
@@ -282,14 +291,6 @@ class SqliteStore:
             for record_key, data in self._db.execute(f"SELECT {key}, data FROM {table}{order}"):
                 yield table, str(record_key), cls, data
 
-    @staticmethod
-    def _decode(record: type, data: str) -> object:
-        try:
-            raw = json.loads(data)
-        except (ValueError, TypeError) as exc:
-            raise RecordError(f"not JSON ({exc})") from None
-        return from_dict(record, raw, STORED_FIELD_TYPES)
-
     def load(self) -> Snapshot:
         """Every record. StoreDamaged naming the first record that cannot be read."""
         snap = Snapshot()
@@ -297,7 +298,7 @@ class SqliteStore:
         try:
             for table, key, cls, data in self._rows():
                 try:
-                    lists[table].append(self._decode(cls, data))
+                    lists[table].append(decode_record(cls, data))
                 except RecordError as exc:
                     raise StoreDamaged(f"the RM's store {self.path} has a record it cannot read: {table} "
                                        f"{key[:128]}: {str(exc)[:300]}; {recovery_hint(self.path)}") from None
@@ -317,7 +318,7 @@ class SqliteStore:
                 out.append(Damage("file", f"SQLite integrity check: {row[0] if row else 'no answer'}"))
             for table, key, cls, data in self._rows():
                 try:
-                    self._decode(cls, data)
+                    decode_record(cls, data)
                 except RecordError as exc:
                     out.append(Damage(f"{table} {key[:128]}", str(exc)[:300]))
             for k, v in self._db.execute("SELECT key, value FROM meta"):

@@ -190,28 +190,22 @@ class Chaos:
     def inject_faults(self) -> None:
         soon = time.monotonic() + 30
         self.wait_running(3, soon)
-        if self.standby is not None:
-            self.inject_ha_faults()
-            return
-        self.kill_rm()
+        # One RM: SIGKILL and restart it, twice. Two RMs: SIGKILL the leader, later pause (SIGSTOP) the new one.
+        ha = self.standby is not None
+        if ha:
+            self.fail_leader(signal.SIGKILL)
+        else:
+            self.kill_rm()
         self.kill_the_killables()
         self.wait_running(2, time.monotonic() + 20)
         self.kill_agent()
         self.wait_running(2, time.monotonic() + 20)
         self.kill_am()
         time.sleep(2)
-        self.kill_rm()
-
-    def inject_ha_faults(self) -> None:
-        """With two RMs: SIGKILL the leader, the usual agent and AM faults, then pause the (new) leader."""
-        self.fail_leader(signal.SIGKILL)
-        self.kill_the_killables()
-        self.wait_running(2, time.monotonic() + 20)
-        self.kill_agent()
-        self.wait_running(2, time.monotonic() + 20)
-        self.kill_am()
-        time.sleep(2)
-        self.fail_leader(signal.SIGSTOP)
+        if ha:
+            self.fail_leader(signal.SIGSTOP)
+        else:
+            self.kill_rm()
 
     def fail_leader(self, how: signal.Signals) -> None:
         """SIGKILL or SIGSTOP the leader; time the standby's takeover; bring the old leader back as a standby

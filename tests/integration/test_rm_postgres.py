@@ -5,7 +5,6 @@ server drops the RM's sessions a write fails UNAVAILABLE (never acknowledged) an
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -16,7 +15,6 @@ from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from tests.conftest import TestBroker
 from tests.integration.rmproc import TERMINAL, USER, RMProcess, poll
-from tests.pg import PgServer
 
 
 def registration(node_id: str) -> pb.RegisterNodeRequest:
@@ -34,13 +32,6 @@ def submitted(rm: RMProcess) -> str | None:
         if exc.code() != grpc.StatusCode.UNAVAILABLE:
             raise
         return None
-
-
-@pytest.fixture
-def pg_url(pg_server: PgServer) -> Iterator[str]:
-    url = pg_server.create_database()
-    yield url
-    pg_server.drop_database(url)
 
 
 def test_a_job_survives_a_sigkill_of_an_rm_on_postgresql(tmp_path: Path, broker: TestBroker, pg_url: str) -> None:

@@ -210,13 +210,6 @@ def test_reopening_keeps_the_schema_and_the_records(store: Opened) -> None:
 
 # ---------------------------------------------------------------- PostgreSQL only
 
-@pytest.fixture
-def pg_url(pg_server: object) -> Iterator[str]:
-    url: str = pg_server.create_database()     # type: ignore[attr-defined]
-    yield url
-    pg_server.drop_database(url)               # type: ignore[attr-defined]
-
-
 def test_a_second_rm_on_the_same_database_is_refused(pg_url: str, tmp_path: Path) -> None:
     first = open_store(pg_url, tmp_path, exclusive=True)
     try:
