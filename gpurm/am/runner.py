@@ -21,6 +21,7 @@ from gpurm.am.view import ViewFollower
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.rm import convert, mqtt, tls
+from gpurm.rm.aio import wait_set
 from gpurm.rm.brokerauth import Credentials
 from gpurm.rm.identity import AM_TOKEN_KEY
 from gpurm.rm.jobspec import JobSpec, spec_from_proto
@@ -248,8 +249,7 @@ class AMRunner:
                 if master.final is None:
                     self._wake.clear()
                     fast = master.phase in (Phase.ACQUIRING, Phase.LAUNCHING, Phase.STOPPING)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), self.interval if fast else self._steady)
+                    await wait_set(self._wake, self.interval if fast else self._steady)
             await self._finish(master)
         except AMExit as exc:
             log.warning("AM stops: %s", exc)

@@ -8,7 +8,6 @@ AM fetch the view over gRPC instead, which always replaces what it has."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import aiomqtt
@@ -17,6 +16,7 @@ import grpc
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.rm import mqtt
+from gpurm.rm.aio import stop_task
 from gpurm.rm.brokerauth import Credentials
 
 log = logging.getLogger(__name__)
@@ -47,10 +47,7 @@ class ViewFollower:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await stop_task(self._task)      # cancelled while connecting, it may carry on: see rm/aio.py
 
     def summary(self) -> str:
         return (f"epoch {self.current.epoch} version {self.current.version}, {self.deltas} deltas over MQTT, "

@@ -31,6 +31,7 @@ from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.fields import ConfigError, format_duration, parse_duration
 from gpurm.rm import mqtt
+from gpurm.rm.aio import stop_task, wait_set
 from gpurm.rm.brokerauth import Credentials
 from gpurm.rm.jobspec import (
     JobSpec,
@@ -603,13 +604,9 @@ async def _follow(rm: RM, args: argparse.Namespace) -> int:
                 sys.stderr.write(f"{job.job_id} {state_name(job.state)}\n")
                 return 0
             wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), FOLLOW_POLL_S)
+            await wait_set(wake, FOLLOW_POLL_S)
     finally:
-        if listener is not None:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await listener
+        await stop_task(listener)
 
 
 async def _listen(url: str, credentials: Credentials, job_id: str, wake: asyncio.Event) -> None:

@@ -65,6 +65,7 @@ from gpurm.nodeagent.records import (
     write_json_atomic,
 )
 from gpurm.proto import gpurm_pb2 as pb
+from gpurm.rm.aio import wait_set
 from gpurm.rm.cluster import WHOLE_MILLI
 from gpurm.rm.tls import ENV_CA, ENV_CERT, ENV_KEY, TLSConfig
 
@@ -600,11 +601,8 @@ class ContainerSupervisor:
         ended = self._ended[rec.container_id]
         # The launcher gets the TERM too and ignores it (it must record the exit).
         signal_pids(self._members(rec), signal.SIGTERM)
-        try:
-            await asyncio.wait_for(ended.wait(), grace_s)
+        if await wait_set(ended, grace_s):
             return
-        except TimeoutError:
-            pass
         log.info("container %s: grace over, SIGKILL to its processes", rec.container_id)
         await self._kill_all(rec)
         await ended.wait()

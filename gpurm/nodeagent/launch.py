@@ -26,6 +26,7 @@ from gpurm.nodeagent.private import open_append, open_read
 from gpurm.nodeagent.procgroup import pid_alive, start_time
 from gpurm.nodeagent.shim import EXIT_FILE
 from gpurm.proto import gpurm_pb2 as pb
+from gpurm.rm.aio import wait_set
 
 LAUNCHER_LOG = "launcher.log"
 
@@ -210,7 +211,4 @@ async def wait_pid_exit(pid: int, started: int, poll_s: float = 0.5) -> None:
 
 
 async def _wait_or(event: asyncio.Event, timeout_s: float) -> None:
-    try:
-        await asyncio.wait_for(event.wait(), timeout_s)
-    except TimeoutError:
-        pass
+    await wait_set(event, timeout_s)

@@ -53,6 +53,7 @@ from gpurm.nodeagent.telemetry import node_payload, summarise
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rightsize.limit import RAISE_AT, ceiling_mib, phase_limit_mib
 from gpurm.rightsize.phases import PhaseModel, discover
+from gpurm.rm.aio import within
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ async def run_health_script(script: Path, timeout_s: float) -> ScriptResult:
     except OSError as exc:
         return interpret_script("", None, cannot_run=f"{script}: {exc.strerror or exc}")
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+        out, _ = await within(proc.communicate(), timeout_s)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)

@@ -33,6 +33,7 @@ from gpurm.nodeagent.records import ContainerRecord
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pb_grpc
 from gpurm.rm import tls
+from gpurm.rm.aio import wait_set
 from gpurm.rm.retry import Outage
 from gpurm.rm.rmlist import LeaderFollower, rpc_failure
 from gpurm.rm.tokens import TokenKey, join_proof
@@ -170,11 +171,7 @@ class Tracker:
         if self._pending:
             self._drained.clear()
         self._wake.set()
-        try:
-            await asyncio.wait_for(self._drained.wait(), timeout_s)
-            return True
-        except TimeoutError:
-            return False
+        return await wait_set(self._drained, timeout_s)
 
     async def close(self) -> None:
         tasks = list(self._tasks)
@@ -258,11 +255,8 @@ class Tracker:
         while True:
             self._wake.clear()
             await call.write(self._next_beat(reg))
-            try:
-                await asyncio.wait_for(self._wake.wait(), reg.interval_s)
+            if await wait_set(self._wake, reg.interval_s):
                 await asyncio.sleep(COALESCE_S)  # let a burst of changes (a gang ending) share one beat
-            except TimeoutError:
-                pass
 
     async def _read_loop(self, call: HeartbeatCall) -> None:
         loop = asyncio.get_running_loop()

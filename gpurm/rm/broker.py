@@ -8,7 +8,6 @@ at CONNECT, `RoleTopicPlugin` every PUBLISH, SUBSCRIBE and delivery.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +17,7 @@ from amqtt.contexts import Action as AmqttAction
 from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
 from amqtt.session import Session
 
+from gpurm.rm.aio import within
 from gpurm.rm.brokerauth import Action, BrokerAuth, Credentials, Role, may
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,6 @@ class EmbeddedBroker:
 
     async def stop(self) -> None:
         try:
-            await asyncio.wait_for(self._broker.shutdown(), 5)
+            await within(self._broker.shutdown(), 5)
         except Exception as exc:  # shutting down: report, never raise
             log.debug("broker shutdown: %s", exc)

@@ -38,6 +38,7 @@ from gpurm.queues.config import MAX_YAML_BYTES, capacity_warnings, parse_queues
 from gpurm.queues.fields import ConfigError, parse_address
 from gpurm.queues.tree import QueueTree, default_tree
 from gpurm.rm import brokerauth, convert, mqtt, pbviews, tls
+from gpurm.rm.aio import wait_set
 from gpurm.rm.broker import EmbeddedBroker
 from gpurm.rm.config import RMConfig
 from gpurm.rm.core import RMCore
@@ -624,11 +625,7 @@ class RMShell:
 
     async def next_pass(self, timeout_s: float) -> bool:
         """Wait (at most `timeout_s`) for the next scheduling pass to be done and written; whether one was."""
-        try:
-            await asyncio.wait_for(self._pass_done.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return await wait_set(self._pass_done, timeout_s)
 
     def new_session(self) -> str:
         return uuid.uuid4().hex

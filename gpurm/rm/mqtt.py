@@ -5,7 +5,6 @@ credentials the RM hands out over gRPC (brokerauth.py)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import random
@@ -14,6 +13,7 @@ from collections import OrderedDict
 import aiomqtt
 from aiomqtt.exceptions import MqttConnectError
 
+from gpurm.rm.aio import stop_task
 from gpurm.rm.brokerauth import Credentials
 
 log = logging.getLogger(__name__)
@@ -87,10 +87,7 @@ class Publisher:
         self._task = asyncio.create_task(self._run(), name=f"mqtt-publisher-{self.name}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await stop_task(self._task)      # cancelled while connecting, it may carry on: see rm/aio.py
 
     def publish_retained(self, topic: str, payload: bytes) -> None:
         self._retained[topic] = payload

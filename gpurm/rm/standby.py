@@ -15,6 +15,7 @@ import grpc
 
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rm import tls
+from gpurm.rm.aio import wait_set, within
 from gpurm.rm.leadership import Lease, Term
 from gpurm.rm.limits import ServerLimits, make_server
 from gpurm.rm.rmlist import LEADER_KEY
@@ -93,10 +94,7 @@ async def wait_for_lead(lease: Lease, term: Term, address: str, tls_config: TLSC
             except Exception as exc:     # the database is down or unreachable: keep trying
                 log.warning("standby: the store's database: %s", exc)
                 leader = ""
-            try:
-                await asyncio.wait_for(stop.wait(), every)
-            except TimeoutError:
-                pass
+            await wait_set(stop, every)
         return False
     finally:
         await server.stop(grace=0)
@@ -143,8 +141,7 @@ class Leadership:
                 return
             if self.term.renew_due(now):
                 try:
-                    held = await asyncio.wait_for(asyncio.to_thread(lease.renew, self.term.epoch),
-                                                  self.term.ttl_s / 3)
+                    held = await within(asyncio.to_thread(lease.renew, self.term.epoch), self.term.ttl_s / 3)
                 except Exception as exc:     # the database is slow or gone: try again until the margin
                     log.warning("lease renewal failed: %s", exc or type(exc).__name__)
                 else:
