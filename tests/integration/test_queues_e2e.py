@@ -66,9 +66,10 @@ def test_flood_then_the_other_queue_takes_its_share_back_by_preemption(cluster: 
     a_jobs = [c.submit("--gpus", "4", "--queue", "team-a", *SLEEP) for _ in range(4)]
     running(c, a_jobs)
     assert queue_row(c, "root.team-a")["used_gpus"] == 16            # the whole idle cluster: oversubscribed
-    status = c.gpurm("status", a_jobs[-1]).out
-    assert "PREEMPTIBLE (runs beyond" in status                       # beyond its steady share of 8
-    assert "PREEMPTIBLE (runs beyond" not in c.gpurm("status", a_jobs[0]).out
+    # Beyond its steady share of 8: the two jobs granted last, whichever they are (each AM asks when it is up,
+    # so grants need not follow the submit order).
+    marked = [j for j in a_jobs if "PREEMPTIBLE (runs beyond" in c.gpurm("status", j).out]
+    assert len(marked) == 2, marked
     assert "*" in c.gpurm("jobs").out
 
     newest = sorted(a_jobs, key=lambda j: c.job(j).start_ms)[2:]
