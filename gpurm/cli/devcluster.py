@@ -110,6 +110,11 @@ class DevCluster:
         # With --rms N, RM K (K > 1) listens on a free port and keeps its own state dir, rm-K; clients and agents
         # get every address and follow the leader.
         self.addresses = [self.address] + [f"127.0.0.1:{_free_port()}" for _ in range(getattr(args, "rms", 1) - 1)]
+        # Their web UIs, on ports that stay theirs across restarts: a standby's sends browsers to the leader's
+        # (rm/http/standby.py).
+        http_port = getattr(args, "http_port", 0)
+        first = http_port if http_port or len(self.addresses) == 1 else _free_port()
+        self.http_listens = [f"127.0.0.1:{first}"] + [f"127.0.0.1:{_free_port()}" for _ in self.addresses[1:]]
         self.rm: Daemon | None = None
         self.rms: list[Daemon] = []
         self.agents: list[Daemon] = []
@@ -135,7 +140,7 @@ class DevCluster:
             "listen": self.address, "state_dir": str(rm_dir),
             "mqtt": {"url": a.mqtt_url} if a.mqtt_url else {"listen": "127.0.0.1:0"},
             "heartbeat": {"interval": a.heartbeat, "missed_beats": a.missed_beats},
-            "http": {"listen": f"127.0.0.1:{a.http_port}"},
+            "http": {"listen": self.http_listens[0]},
             "admins": sorted({current_user(), "root"}),
         }
         if getattr(a, "store", ""):
@@ -167,7 +172,7 @@ class DevCluster:
             write_secret_file(other / "token.key", (rm_dir / "token.key").read_text())
             path = other / "rm.yaml"
             path.write_text(yaml.safe_dump({**rm_cfg, "listen": address, "state_dir": str(other),
-                                            "http": {"listen": "127.0.0.1:0"}}, sort_keys=False))
+                                            "http": {"listen": self.http_listens[k]}}, sort_keys=False))
             rm_paths.append(path)
         agent_paths = []
         for i in range(1, a.nodes + 1):
@@ -209,7 +214,9 @@ class DevCluster:
         for k, path in enumerate(rm_paths):
             self.rms.append(Daemon("rm" if k == 0 else f"rm-{k + 1}", self._python("rm", "--config", str(path)),
                                    path.parent / "rm.log", extra={"address": self.addresses[k],
-                                                                  "config": str(path)}))
+                                                                  "config": str(path),
+                                                                  **({"http": self.http_listens[k]}
+                                                                     if len(self.addresses) > 1 else {})}))
         self.rm = self.rms[0]
         self.rm.start()
         self._write_state(ready=False)

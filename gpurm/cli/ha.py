@@ -66,12 +66,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps({"leader": info.address if info.held else "", "held": info.held, "epoch": info.epoch,
                           "since": _iso(info.since), "lease_left_s": round(left, 1),
-                          "last_leader": info.address}, indent=2))
+                          "last_leader": info.address, "web_ui": info.http_url if info.held else ""},
+                         indent=2))
     else:
         rows = [("leader", info.address if info.held else f"none (last: {info.address or 'never'})"),
                 ("epoch", str(info.epoch)), ("since", _iso(info.since) if info.held else ""),
                 ("lease", f"{left:.1f}s left" if info.held else
                  (f"ran out {-left:.1f}s ago" if info.address else "free"))]
+        if info.held:
+            rows.append(("web UI", info.http_url or "(not serving HTTP yet, or http.enabled: false)"))
         width = max(len(k) for k, _ in rows)
         for k, v in rows:
             print(f"{k:<{width}}  {v}")

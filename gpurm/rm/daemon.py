@@ -105,7 +105,9 @@ class RMShell:
         # With several RMs (rm.yaml ha:) the lease and its fencing keep them apart, not the store's own lock.
         self.store = open_store(config.store_url, config.state_dir, exclusive=not config.ha.enabled)
         self.leadership = (Leadership(config.store_url, config.advertised, config.listen, config.ha.lease_s,
-                                      config.tls, config.limits) if config.ha.enabled else None)
+                                      config.tls, config.limits,
+                                      config.http.listen if config.http.enabled else "")
+                           if config.ha.enabled else None)
         self.core = RMCore(config.settings, self._initial_queues())
         self.committed_tree = self.core.queues.tree    # the queue config the store holds (a rollback keeps it)
         self.persist = Persister(self.store, config.state_dir, self._roll_back)
@@ -737,6 +739,8 @@ class RMShell:
             if self.broker is not None:
                 await self.broker.stop()
             raise
+        if web is not None and self.leadership is not None:
+            await self.leadership.advertise_http(self.http_url)
         self._write_pidfile(host, bound)
         for line in self.security_warnings():
             log.warning("%s", line)

@@ -1,6 +1,7 @@
 """Which of several RMs on one PostgreSQL leads: a lease row with an epoch, and fenced writes.
 
-One row (`rm_leader`, id 1) names the leader, the address it serves on, its epoch and until when its lease runs.
+One row (`rm_leader`, id 1) names the leader, the address it serves on (and its web UI's URL, once that is up), its
+epoch and until when its lease runs.
 Every time is the database's own (`now()`), so the RMs' clocks need not agree. A candidate takes the lease when
 it is free or has run out, and the epoch goes up by one at every takeover; the leader renews it every third of
 its length. A leader that has not renewed for a lease length minus a margin, counted on its own monotonic clock
@@ -31,9 +32,10 @@ CREATE TABLE IF NOT EXISTS rm_leader (
     since TIMESTAMPTZ NOT NULL,
     expires TIMESTAMPTZ NOT NULL);
 INSERT INTO rm_leader VALUES (1, '', '', 0, now(), now()) ON CONFLICT (id) DO NOTHING;
+ALTER TABLE rm_leader ADD COLUMN IF NOT EXISTS http_url TEXT NOT NULL DEFAULT '';
 """
 TAKE = """
-UPDATE rm_leader SET holder = %(holder)s, address = %(address)s, epoch = epoch + 1, since = now(),
+UPDATE rm_leader SET holder = %(holder)s, address = %(address)s, http_url = '', epoch = epoch + 1, since = now(),
        expires = now() + make_interval(secs => %(ttl)s)
  WHERE id = 1 AND (holder = '' OR expires < now())
 RETURNING epoch"""
@@ -43,7 +45,9 @@ UPDATE rm_leader SET expires = now() + make_interval(secs => %(ttl)s)
 RETURNING epoch"""
 RELEASE = """
 UPDATE rm_leader SET holder = '', expires = now() WHERE id = 1 AND holder = %(holder)s AND epoch = %(epoch)s"""
-READ = "SELECT holder, address, epoch, since, expires, now() FROM rm_leader WHERE id = 1"
+SET_HTTP = """
+UPDATE rm_leader SET http_url = %(url)s WHERE id = 1 AND holder = %(holder)s AND epoch = %(epoch)s"""
+READ = "SELECT holder, address, epoch, since, expires, now(), http_url FROM rm_leader WHERE id = 1"
 FENCE = "SELECT holder, epoch FROM rm_leader WHERE id = 1 FOR SHARE"
 
 STEP_DOWN_MARGIN = 0.2     # of the lease: a leader steps down this much before its lease could run out
@@ -63,6 +67,7 @@ class LeaderInfo:
     since: datetime | None
     expires: datetime | None
     db_now: datetime | None
+    http_url: str = ""            # the leader's web UI and REST API ("" until it serves them, or without HTTP)
 
     @property
     def held(self) -> bool:
@@ -129,11 +134,15 @@ class Lease:
         """Give the lease up now (a clean stop): a standby takes over at its next try, not at the lease's end."""
         self.conn.execute(RELEASE, {"holder": self.holder, "epoch": epoch})
 
+    def set_http_url(self, epoch: int, url: str) -> None:
+        """Name this leader's web UI in the row, for standbys to send browsers and scripts to."""
+        self.conn.execute(SET_HTTP, {"holder": self.holder, "epoch": epoch, "url": url})
+
     def read(self) -> LeaderInfo:
         row = self.conn.execute(READ).fetchone()
         if row is None:
             return LeaderInfo("", "", 0, None, None, None)
-        return LeaderInfo(str(row[0]), str(row[1]), int(row[2]), row[3], row[4], row[5])
+        return LeaderInfo(str(row[0]), str(row[1]), int(row[2]), row[3], row[4], row[5], str(row[6] or ""))
 
 
 def fence(cur: Any, holder: str, epoch: int) -> None:

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -149,6 +149,10 @@ class RMMetrics:
                                           registry=self.registry, buckets=LATENCY_BUCKETS)
         self.commit_seconds = Histogram("gpurm_store_commit_seconds", "Store commit time (a write the RM waits "
                                         "on before it answers)", registry=self.registry, buckets=LATENCY_BUCKETS)
+        # A standby answers 0 (rm/http/standby.py): sum over the RMs of a set should always be 1.
+        self.leader = Gauge("gpurm_rm_leader", "1 on the RM that leads (serves), 0 on a standby",
+                            registry=self.registry)
+        self.leader.set(1)
 
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
         self.rpc_seconds.labels(method, code).observe(seconds)

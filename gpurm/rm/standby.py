@@ -1,6 +1,7 @@
 """A standby RM: until it takes the lead (rm/leadership.py) it answers every call on the RM's address with
 UNAVAILABLE, naming the leader in the `x-gpurm-leader` trailer, so that clients given several RMs go to the
-leader (rm/rmlist.py); then it stops answering and the RM starts for real on the same address.
+leader (rm/rmlist.py), and sends HTTP requests on `http.listen` to the leader's web UI (rm/http/standby.py);
+then it stops answering and the RM starts for real on the same addresses.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import grpc
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rm import tls
 from gpurm.rm.aio import wait_set, within
+from gpurm.rm.http.standby import StandbyHttp
 from gpurm.rm.leadership import Lease, Term
 from gpurm.rm.limits import ServerLimits, make_server
 from gpurm.rm.rmlist import LEADER_KEY
@@ -68,16 +70,25 @@ class StandbyAnswers(grpc.GenericRpcHandler):
 
 
 async def wait_for_lead(lease: Lease, term: Term, address: str, tls_config: TLSConfig | None, limits: ServerLimits,
-                        stop: asyncio.Event) -> bool:
-    """Serve as a standby on `address` until this RM takes the lease (True; `term` holds the epoch) or `stop`
-    is set (False). A database that cannot be reached is retried: a standby has nothing to lose."""
+                        stop: asyncio.Event, http_listen: str = "") -> bool:
+    """Serve as a standby on `address` (and on `http_listen`, unless "") until this RM takes the lease (True;
+    `term` holds the epoch) or `stop` is set (False). A database that cannot be reached is retried: a standby has
+    nothing to lose."""
     leader = ""
+    leader_http = ""
     server = make_server(limits)
     server.add_generic_rpc_handlers((StandbyAnswers(lambda: leader),))
     if not tls.add_port(server, address, tls_config):
         raise OSError(f"cannot listen on {address}: address in use or not available")
     await server.start()
-    log.info("standby on %s: waiting to take the lead", address)
+    web = StandbyHttp(http_listen, tls_config, lambda: (leader, leader_http)) if http_listen else None
+    try:
+        if web is not None:
+            await web.start()
+    except OSError:
+        await server.stop(grace=0)
+        raise
+    log.info("standby on %s%s: waiting to take the lead", address, f" and {web.url}" if web is not None else "")
     every = min(TRY_EVERY, term.ttl_s / 3)
     try:
         while not stop.is_set():
@@ -91,12 +102,15 @@ async def wait_for_lead(lease: Lease, term: Term, address: str, tls_config: TLSC
                 if info.address != leader:
                     log.info("the leader is %s (epoch %d)", info.address or "nobody", info.epoch)
                 leader = info.address if info.held else ""
+                leader_http = info.http_url if info.held else ""
             except Exception as exc:     # the database is down or unreachable: keep trying
                 log.warning("standby: the store's database: %s", exc)
-                leader = ""
+                leader = leader_http = ""
             await wait_set(stop, every)
         return False
     finally:
+        if web is not None:
+            await web.stop()
         await server.stop(grace=0)
 
 
@@ -106,9 +120,10 @@ class Leadership:
     (exit 3) and its supervisor starts it again, as a standby."""
 
     def __init__(self, url: str, advertised: str, listen: str, lease_s: float, tls_config: TLSConfig | None,
-                 limits: ServerLimits) -> None:
+                 limits: ServerLimits, http_listen: str = "") -> None:
         self.url = url
         self.listen = listen
+        self.http_listen = http_listen    # "" without HTTP
         self.tls_config = tls_config
         self.limits = limits
         self.term = Term(lease_s)
@@ -128,7 +143,17 @@ class Leadership:
         except psycopg.Error as exc:
             detail = " ".join(str(exc).split())[:300] or type(exc).__name__
             raise StoreWriteError(f"the lease in the store's database cannot be read: {detail}") from None
-        return await wait_for_lead(self.lease, self.term, self.listen, self.tls_config, self.limits, stop)
+        return await wait_for_lead(self.lease, self.term, self.listen, self.tls_config, self.limits, stop,
+                                   self.http_listen)
+
+    async def advertise_http(self, url: str) -> None:
+        """Put this leader's web UI in the lease row, where standbys send HTTP requests (best effort: without it
+        they answer 503 naming the leader instead of redirecting)."""
+        assert self.lease is not None
+        try:
+            await asyncio.to_thread(self.lease.set_http_url, self.term.epoch, url)
+        except Exception as exc:
+            log.warning("could not name the web UI in the lease row: %s", exc)
 
     async def keep(self, stop: asyncio.Event) -> None:
         """Renew the lease every third of it; set `deposed` and `stop` when the lead is lost."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 
 import grpc
@@ -85,6 +87,12 @@ def test_the_standby_takes_over_a_killed_then_a_paused_leader_and_nothing_is_los
         listed = c.gpurm("jobs", "-o", "json", env=everyone)
         assert listed.code == 0 and job_id in listed.out, listed.err
         wait_for("the other RM stands by", lambda: ask(other) == ("standby", leader), 30)
+        # Its web UI sends browsers to the leader's.
+        with grpc.insecure_channel(leader) as channel:
+            leader_http = pbg.ClientStub(channel).GetClusterInfo(pb.ClusterInfoRequest(), timeout=5).http_url
+        other_http = next(r["http"] for r in c.info["rms"] if r["address"] == other)
+        status, location = _get_no_redirect(f"http://{other_http}/jobs/{job_id}")
+        assert leader_http and (status, location) == (307, f"{leader_http}/jobs/{job_id}"), (status, location)
         # Both agents follow to the leader; a new job runs there.
         wait_for("the agents re-register", lambda: _running_nodes(leader) == 2, 30)
         quick = c.gpurm("submit", "--gpus", "1", "--name", "after", "--", "true", env=everyone)
@@ -113,6 +121,18 @@ def test_the_standby_takes_over_a_killed_then_a_paused_leader_and_nothing_is_los
         assert c.gpurm("kill", job_id, env=everyone).code == 0
     finally:
         c.stop()
+
+
+def _get_no_redirect(url: str) -> tuple[int, str]:
+    """(status, Location) of a GET that is not followed."""
+    class Keep(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+    try:
+        with urllib.request.build_opener(Keep()).open(url, timeout=10) as r:
+            return r.status, r.headers.get("Location", "")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Location", "")
 
 
 def _alive(pid: int) -> bool:

@@ -136,12 +136,16 @@ def test_ha_status_says_who_leads_and_exits_1_when_nobody_does(pg_url: str) -> N
     try:
         lease.ensure_schema()
         epoch = lease.take()
+        assert "not serving HTTP yet" in status("--store", pg_url).stdout
+        lease.set_http_url(epoch, "https://rm-a.example:8080")
         shown = status("--store", pg_url, "-o", "json")
         assert shown.returncode == 0, shown.stderr
         data = json.loads(shown.stdout)
         assert data["leader"] == "rm-a.example:7070" and data["epoch"] == epoch and 0 < data["lease_left_s"] <= 30
+        assert data["web_ui"] == "https://rm-a.example:8080"
         table = status("--store", pg_url).stdout
         assert "rm-a.example:7070" in table and f"epoch   {epoch}" in table
+        assert "web UI  https://rm-a.example:8080" in table
         lease.release(epoch)
         after = status("--store", pg_url)
         assert after.returncode == 1 and "last: rm-a.example:7070" in after.stdout
@@ -151,3 +155,83 @@ def test_ha_status_says_who_leads_and_exits_1_when_nobody_does(pg_url: str) -> N
     assert bad.returncode == 2 and "--store" in bad.stderr and "postgresql://" in bad.stderr
     down = status("--store", f"postgresql://gpurm@127.0.0.1:{free_port()}/gpurm")
     assert down.returncode == 2 and "cannot read the lease" in down.stderr
+
+
+async def test_a_standby_sends_http_to_the_leaders_web_ui(pg_url: str) -> None:
+    import aiohttp
+
+    from gpurm.rm.http.standby import LEADER_HEADER
+
+    a = leadership(pg_url, free_port())
+    b_http = f"127.0.0.1:{free_port()}"
+    b_port = free_port()
+    b = Leadership(pg_url, f"127.0.0.1:{b_port}", f"127.0.0.1:{b_port}", LEASE_S, None, ServerLimits(), b_http)
+    stop_a, stop_b = asyncio.Event(), asyncio.Event()
+    assert await a.acquire(stop_a)
+    keeping = asyncio.create_task(a.keep(stop_a))
+    standing_by = asyncio.create_task(b.acquire(stop_b))
+    base = f"http://{b_http}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def get(path: str, method: str = "GET") -> tuple[int, dict[str, str], str]:
+                deadline = time.monotonic() + 10
+                while True:
+                    try:
+                        async with http.request(method, base + path, allow_redirects=False,
+                                                json={} if method == "POST" else None) as r:
+                            return r.status, dict(r.headers), await r.text()
+                    except aiohttp.ClientConnectorError:
+                        if time.monotonic() > deadline:
+                            raise
+                        await asyncio.sleep(0.1)
+
+            # The leader's web UI is not named yet: 503, naming the leader's RM address.
+            deadline = time.monotonic() + 5
+            while True:
+                status, headers, body = await get("/jobs")
+                if headers.get(LEADER_HEADER) or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+            assert status == 503 and headers[LEADER_HEADER] == a.advertised and a.advertised in body
+
+            await a.advertise_http("http://leader.example:8080")
+            deadline = time.monotonic() + 5
+            while status != 307 and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+                status, headers, body = await get("/jobs/job-7?x=1")
+            assert status == 307 and headers["Location"] == "http://leader.example:8080/jobs/job-7?x=1"
+            assert headers["X-Frame-Options"] == "DENY"
+            # A change is never redirected: it is refused, naming where to go.
+            status, headers, body = await get("/api/v1/jobs", "POST")
+            assert status == 503 and "http://leader.example:8080" in json.loads(body)["error"]["message"]
+            status, _, body = await get("/metrics")
+            assert status == 200 and "gpurm_rm_leader 0" in body
+    finally:
+        keeping.cancel()
+        stop_b.set()
+        await asyncio.wait_for(standing_by, 5)
+        await a.release()
+        await b.release()
+    assert not standing_by.result()
+    # Once it stops standing by, the address is free again for its own web UI.
+    host, port = b_http.rsplit(":", 1)
+    with pytest.raises(OSError):
+        await asyncio.open_connection(host, int(port))
+
+
+def test_a_lease_row_of_an_older_version_gets_the_web_ui_column(pg_url: str) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS rm_leader")
+        conn.execute("CREATE TABLE rm_leader (id INTEGER PRIMARY KEY CHECK (id = 1), holder TEXT NOT NULL, "
+                     "address TEXT NOT NULL, epoch BIGINT NOT NULL, since TIMESTAMPTZ NOT NULL, "
+                     "expires TIMESTAMPTZ NOT NULL)")
+        conn.execute("INSERT INTO rm_leader VALUES (1, 'old', '10.0.0.1:7070', 4, now(), now())")
+        lease = Lease(conn, "127.0.0.1:1", LEASE_S)
+        lease.ensure_schema()
+        info = lease.read()
+        assert (info.address, info.epoch, info.http_url) == ("10.0.0.1:7070", 4, "")
+        epoch = lease.take()                 # the old row's lease has run out
+        assert epoch == 5
+        lease.set_http_url(epoch, "https://rm-b:8080")
+        assert lease.read().http_url == "https://rm-b:8080"
+        assert lease.take() == 0

@@ -1,0 +1,92 @@
+"""A standby RM's HTTP listener (rm.yaml `ha:`): until it leads, `http.listen` sends people and scripts to the
+leader, as YARN's standby ResourceManager does with its web UI.
+
+- GET and HEAD: 307 to the same path on the leader's web UI (its URL is in the lease row, rm/leadership.py);
+- anything else, or while the leader's URL is not known: 503 with the leader named in the message and in the
+  `X-Gpurm-Leader` header (a change is never replayed elsewhere behind the caller's back);
+- `/metrics`: `gpurm_rm_leader 0`, so that Prometheus sees the standby up and can alert when no RM, or two, lead.
+
+Nothing is read from the request but its method and path; bodies are refused beyond a few bytes.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from gpurm.queues.fields import parse_address
+from gpurm.rm import tls as tlsmod
+from gpurm.rm.tls import TLSConfig
+
+LEADER_HEADER = "X-Gpurm-Leader"
+STANDBY_METRICS = (b"# HELP gpurm_rm_leader 1 on the RM that leads (serves), 0 on a standby.\n"
+                   b"# TYPE gpurm_rm_leader gauge\ngpurm_rm_leader 0\n")
+SECURITY_HEADERS = {"Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
+                    "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
+                    "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
+MAX_BODY_BYTES = 1024
+
+# (the leader's RM address, its web UI's URL); either may be "" (nobody leads, or its HTTP is not up yet).
+LeaderFinder = Callable[[], tuple[str, str]]
+
+
+def build_standby_app(leader: LeaderFinder) -> web.Application:
+    async def answer(request: web.Request) -> web.StreamResponse:
+        address, url = leader()
+        if request.path == "/metrics" and request.method in ("GET", "HEAD"):
+            return web.Response(body=STANDBY_METRICS, headers={"Content-Type": "text/plain; version=0.0.4",
+                                                               **SECURITY_HEADERS})
+        headers = dict(SECURITY_HEADERS)
+        if address:
+            headers[LEADER_HEADER] = address
+        if url and request.method in ("GET", "HEAD"):
+            # The path is appended to the leader's own URL: the redirect never leaves the leader's host.
+            headers["Location"] = url.rstrip("/") + request.path_qs
+            return web.Response(status=307, headers=headers)
+        if address:
+            message = f"standby RM: the leader is {address}" + (f"; its web UI and REST API: {url}" if url else "")
+        else:
+            message = "standby RM: no RM leads right now; try again in a few seconds"
+        return web.json_response({"error": {"code": "UNAVAILABLE", "message": message}}, status=503,
+                                 headers=headers)
+
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.router.add_route("*", "/{tail:.*}", answer)
+    return app
+
+
+class StandbyHttp:
+    """The standby's listener on `http.listen` (the leader's own server takes the address over once it leads)."""
+
+    def __init__(self, listen: str, tls: TLSConfig | None, leader: LeaderFinder) -> None:
+        self.listen = listen
+        self.tls = tls
+        self.app = build_standby_app(leader)
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> str:
+        host, port = parse_address(self.listen)
+        ssl_context = tlsmod.server_ssl_context(self.tls) if self.tls is not None else None
+        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, host, port, ssl_context=ssl_context, backlog=128)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self.runner.cleanup()
+            self.runner = None
+            raise OSError(f"cannot listen on {self.listen} (http.listen): {exc.strerror or exc}") from None
+        bound: Any = self.runner.addresses[0]
+        shown = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+        self.url = f"{'https' if self.tls else 'http'}://{f'[{shown}]' if ':' in shown else shown}:{bound[1]}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
