@@ -65,7 +65,7 @@ from gpurm.nodeagent.records import (
     write_json_atomic,
 )
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.rm.aio import wait_set
+from gpurm.rm.aio import stop_tasks, wait_set
 from gpurm.rm.cluster import WHOLE_MILLI
 from gpurm.rm.tls import ENV_CA, ENV_CERT, ENV_KEY, TLSConfig
 
@@ -634,10 +634,7 @@ class ContainerSupervisor:
     async def close(self) -> None:
         """Stop watching; the processes keep running (keep_on_shutdown), their launchers record their ends
         for the next agent process to adopt."""
-        tasks = list(self._tasks) + list(self._stops.values())
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks(list(self._tasks) + list(self._stops.values()))
         self.cgroups.remove_base_if_empty()  # fails, as it should, while kept containers run in it
 
     # ------------------------------------------------------------------ logs

@@ -27,6 +27,7 @@ from gpurm.nodeagent.service import ContainerManagerServicer
 from gpurm.nodeagent.sweep import sweep_loop
 from gpurm.nodeagent.tracker import Registration, RMUnreachable, Tracker
 from gpurm.rm import tls
+from gpurm.rm.aio import stop_tasks
 from gpurm.rm.limits import make_server
 from gpurm.rm.mqtt import MQTT_URL_ENV
 from gpurm.rm.netcheck import listen_problem
@@ -168,9 +169,7 @@ async def _run_with_gpus(cfg: AgentConfig, provider: GpuProvider, gpus: list[Gpu
         if code != EXIT_RM_UNREACHABLE:
             await _shutdown(cfg, supervisor, servicer, tracker)
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks(tasks)
         await tracker.close()
         await monitor.close()
         if exporter is not None:

@@ -53,7 +53,7 @@ from gpurm.nodeagent.telemetry import node_payload, summarise
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rightsize.limit import RAISE_AT, ceiling_mib, phase_limit_mib
 from gpurm.rightsize.phases import PhaseModel, discover
-from gpurm.rm.aio import within
+from gpurm.rm.aio import stop_tasks, within
 
 log = logging.getLogger(__name__)
 
@@ -352,10 +352,7 @@ class AgentMonitor:
         await asyncio.gather(*loops)
 
     async def close(self) -> None:
-        tasks = list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks(list(self._tasks))
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coro)

@@ -33,7 +33,7 @@ from gpurm.nodeagent.records import ContainerRecord
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pb_grpc
 from gpurm.rm import tls
-from gpurm.rm.aio import wait_set
+from gpurm.rm.aio import stop_tasks, wait_set
 from gpurm.rm.retry import Outage
 from gpurm.rm.rmlist import LeaderFollower, rpc_failure
 from gpurm.rm.tokens import TokenKey, join_proof
@@ -174,10 +174,7 @@ class Tracker:
         return await wait_set(self._drained, timeout_s)
 
     async def close(self) -> None:
-        tasks = list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks(list(self._tasks))
 
     @property
     def pending(self) -> list[str]:
@@ -247,9 +244,7 @@ class Tracker:
             # Cancel the call before the tasks: a task cancelled inside grpc's read() can swallow the
             # cancellation and hang; a cancelled call ends the read at once.
             call.cancel()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await stop_tasks(tasks)
 
     async def _send_loop(self, call: HeartbeatCall, reg: Registration) -> None:
         while True:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
@@ -62,3 +62,10 @@ async def stop_task(task: asyncio.Task[Any] | None, retry_s: float = STOP_RETRY_
         with contextlib.suppress(Exception):
             task.exception()       # retrieved: no "exception was never retrieved" at exit
     return True
+
+
+async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], retry_s: float = STOP_RETRY_S,
+                     give_up_s: float = STOP_GIVE_UP_S) -> bool:
+    """`stop_task` on each of `tasks` at once; whether they all ended."""
+    results = await asyncio.gather(*(stop_task(t, retry_s, give_up_s) for t in tasks))
+    return all(results)

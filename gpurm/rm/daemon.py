@@ -38,7 +38,7 @@ from gpurm.queues.config import MAX_YAML_BYTES, capacity_warnings, parse_queues
 from gpurm.queues.fields import ConfigError, parse_address
 from gpurm.queues.tree import QueueTree, default_tree
 from gpurm.rm import brokerauth, convert, mqtt, pbviews, tls
-from gpurm.rm.aio import wait_set
+from gpurm.rm.aio import stop_tasks, wait_set
 from gpurm.rm.broker import EmbeddedBroker
 from gpurm.rm.config import RMConfig
 from gpurm.rm.core import RMCore
@@ -768,8 +768,8 @@ class RMShell:
             if web is not None:
                 await web.stop()
             await server.stop(grace=self.config.shutdown_grace_s)
-            for task in list(self._tasks):
-                task.cancel()
+            # Ended for sure before the store closes (a cancellation can be lost: rm/aio.py).
+            await stop_tasks([*tasks, *self._tasks], give_up_s=STOP_TASKS_S)
             if self._job_events_timer is not None:      # what is due goes out before the publisher stops
                 self._job_events_timer.cancel()
                 self._publish_job_events()
@@ -806,6 +806,7 @@ class RMShell:
 # 700 / 10 / 10, suit small heaps): a full collection at most every 40M allocations, minutes apart under load.
 GC_THRESHOLDS = (20_000, 20, 100)
 SWITCH_INTERVAL_S = 0.0005    # how often the loop hands the GIL to a waiting thread (the store writer)
+STOP_TASKS_S = 2.0            # at a stop, how long the RM's own loops get to end (within shutdown.timeout)
 
 
 def settle_heap() -> None:

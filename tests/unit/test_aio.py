@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gpurm.rm.aio import stop_task, wait_set, within
+from gpurm.rm.aio import stop_task, stop_tasks, wait_set, within
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -118,3 +118,22 @@ def test_stop_task_drops_what_the_task_raised_and_accepts_none() -> None:
         await asyncio.sleep(0)
         return await stop_task(task), await stop_task(None)
     assert run(main()) == (True, True)
+
+
+def test_stop_tasks_stops_them_all_and_says_whether_they_ended() -> None:
+    async def main() -> tuple[bool, list[bool]]:
+        async def plain() -> None:
+            await asyncio.sleep(3600)
+
+        async def once_stubborn() -> None:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass                            # lost once: goes on as if nothing happened
+            await asyncio.sleep(3600)
+
+        tasks = [asyncio.create_task(plain()), asyncio.create_task(once_stubborn())]
+        await asyncio.sleep(0)
+        ended = await stop_tasks(tasks, retry_s=0.01, give_up_s=5.0)
+        return ended, [t.cancelled() for t in tasks]
+    assert run(main()) == (True, [True, True])
