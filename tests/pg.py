@@ -72,7 +72,8 @@ def server_binary(name: str) -> str | None:
 
 
 @contextlib.contextmanager
-def run_postgres(workdir: Path) -> Iterator[PgServer]:
+def run_postgres(workdir: Path, durable: bool = False) -> Iterator[PgServer]:
+    """`durable`: fsync on, as a production server (benchmarks); the tests' server skips it (speed)."""
     missing = [b for b in SERVER_BINARIES if server_binary(b) is None]
     if missing:
         pytest.fail(f"PostgreSQL binaries missing (PATH, /usr/lib/postgresql/*/bin): {', '.join(missing)}; {HINT}")
@@ -99,8 +100,9 @@ def run_postgres(workdir: Path) -> Iterator[PgServer]:
     done = run("initdb", "-D", str(data), "-U", USER, "--auth=trust", "-E", "UTF8", "--no-sync", "--no-instructions")
     if done.returncode != 0:
         pytest.fail(f"initdb failed: {done.stderr.strip()[-1000:]}")
-    options = (f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories='' -c fsync=off "
-               "-c full_page_writes=off -c max_connections=50 -c shared_buffers=16MB")
+    options = (f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories='' -c max_connections=50 "
+               + ("-c shared_buffers=128MB" if durable
+                  else "-c fsync=off -c full_page_writes=off -c shared_buffers=16MB"))
     done = run("pg_ctl", "-D", str(data), "-l", str(log), "-w", "-t", "30", "-o", options, "start")
     if done.returncode != 0:
         text = log.read_text()[-1000:] if log.exists() else ""

@@ -25,10 +25,12 @@ sys.path.insert(0, str(ROOT))
 
 from gpurm.proto import gpurm_pb2 as pb  # noqa: E402
 from gpurm.proto import gpurm_pb2_grpc as pbg  # noqa: E402
+from gpurm.rm.pgstore import PostgresStore  # noqa: E402
 from gpurm.rm.service import USER_KEY  # noqa: E402
 from gpurm.rm.store import SqliteStore  # noqa: E402
 from tests.conftest import run_broker  # noqa: E402
 from tests.integration.rmproc import USER, RMProcess  # noqa: E402
+from tests.pg import run_postgres  # noqa: E402
 
 ECHO_SERVER = """
 import asyncio, sys, grpc
@@ -87,9 +89,10 @@ async def echo_rate(clients: int, seconds: float) -> float:
         proc.wait()
 
 
-def commit_rate(folder: Path, seconds: float) -> float:
-    """Durable SQLite commits/s (WAL, synchronous=FULL: the RM's store settings), one small row each."""
-    store = SqliteStore(folder / "commit-bench.db")
+def commit_rate(folder: Path, seconds: float, pg_url: str = "") -> float:
+    """Durable commits/s, one small row each: SQLite (WAL, synchronous=FULL: the RM's store settings), or the
+    PostgreSQL database `pg_url` (a server with fsync on)."""
+    store: SqliteStore | PostgresStore = PostgresStore(pg_url) if pg_url else SqliteStore(folder / "commit-bench.db")
     try:
         end = time.perf_counter() + seconds
         n = 0
@@ -317,14 +320,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="gpurm-rm-scale-"))
     result: dict[str, Any] = {"nodes": args.nodes, "gpus_per_node": args.gpus, "heartbeat_s": args.interval,
                               "jobs": args.jobs, "clients": args.clients, "workdir": str(work)}
-    note(f"raw limits (gRPC echo with {args.clients} callers, SQLite commits) ...")
-    result["raw_echo_per_s"] = asyncio.run(echo_rate(args.clients, 3.0))
-    result["raw_commit_per_s"] = commit_rate(work, 2.0)
+    with contextlib.ExitStack() as stack:
+        store_url = ""
+        if args.store == "postgresql":
+            # A PostgreSQL server of its own, fsync on (docs/operations.md): the RM's store and the raw limit's.
+            work.chmod(0o711)       # the server runs as `postgres` when we are root: it must reach its dir
+            server = stack.enter_context(run_postgres(work / "postgres", durable=True))
+            store_url = server.create_database()
+            result["store"] = "postgresql"
+        note(f"raw limits (gRPC echo with {args.clients} callers, {args.store} commits) ...")
+        result["raw_echo_per_s"] = asyncio.run(echo_rate(args.clients, 3.0))
+        result["raw_commit_per_s"] = commit_rate(work, 2.0, server.create_database() if store_url else "")
+        return _run(args, work, result, store_url)
+
+
+def _run(args: argparse.Namespace, work: Path, result: dict[str, Any], store_url: str) -> dict[str, Any]:
     with run_broker(work / "broker") as broker:
         queues = work / "queues.yaml"         # teams: jobs go round them (each queue acquires 16 at a time)
         queues.write_text(yaml.safe_dump({"queues": {f"team{q}": {"weight": 1} for q in range(args.queues)}}))
         rm = RMProcess(work, broker, heartbeat=f"{args.interval}s", missed_beats=args.missed_beats,
-                       am={"allocate_interval": "500ms"}, queues=str(queues))
+                       am={"allocate_interval": "500ms"}, queues=str(queues),
+                       **({"store": {"url": store_url}} if store_url else {}))
         fleets: list[FleetProc] = []
         try:
             per = -(-args.nodes // args.fleets)
@@ -457,7 +473,8 @@ def table(r: dict[str, Any]) -> str:
             ("restart: RM RSS", f"{r['rm_rss_after_restart_mib']:.0f} MiB"),
         ]
     rows += [("raw: bare gRPC echo", f"{r['raw_echo_per_s']:.0f} calls/s ({r['clients']} callers)"),
-             ("raw: durable SQLite commits", f"{r['raw_commit_per_s']:.0f} commits/s")]
+             (f"raw: durable {'PostgreSQL' if r.get('store') else 'SQLite'} commits",
+              f"{r['raw_commit_per_s']:.0f} commits/s")]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -490,6 +507,9 @@ def main() -> int:
     ap.add_argument("--restart", action="store_true", help="then SIGKILL the RM, restart it, count losses")
     ap.add_argument("--watch", type=float, default=0.0, help="after a restart, watch this long for losses "
                                                              "(default: 2 node expiries)")
+    ap.add_argument("--store", choices=["sqlite", "postgresql"], default="sqlite",
+                    help="the RM's store: SQLite in its state dir (default), or a PostgreSQL server the benchmark "
+                         "starts (initdb, fsync on) on a free port")
     ap.add_argument("-o", "--output", choices=["table", "json"], default="table")
     args = ap.parse_args()
     args.racks = args.racks or max(1, args.nodes // 40)
