@@ -28,7 +28,7 @@ def _config_path(value: str | None) -> Path | None:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     from gpurm.rm.config import load_rm_config
-    from gpurm.rm.daemon import run_rm
+    from gpurm.rm.process import run_rm
 
     overrides: dict[str, Any] = {}
     if args.listen:
