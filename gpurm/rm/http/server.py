@@ -155,6 +155,28 @@ class QuietBadRequests(logging.Filter):
 QUIET = QuietBadRequests()
 
 
+async def listen(app: web.Application, address: str, tls: TLSConfig | None,
+                 shutdown_timeout_s: float) -> tuple[web.AppRunner, str]:
+    """Serve `app` on `address` (HTTPS under mTLS): its runner and URL (the host's name for a wildcard address).
+    OSError naming http.listen when the address is taken."""
+    host, port = parse_address(address)
+    ssl_context = tlsmod.server_ssl_context(tls) if tls is not None else None
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout_s)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context, backlog=128)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise OSError(f"cannot listen on {address} (http.listen): {exc.strerror or exc}; "
+                      "choose another port, or http.enabled: false") from None
+    bound: Any = runner.addresses[0]
+    shown = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+    if ":" in shown:
+        shown = f"[{shown}]"
+    return runner, f"{'https' if tls else 'http'}://{shown}:{bound[1]}"
+
+
 class HttpServer:
     def __init__(self, shell: RMShell, config: HTTPConfig, tls: TLSConfig | None,
                  extra: Iterable[RouteHook] = ()) -> None:
@@ -167,22 +189,7 @@ class HttpServer:
 
     async def start(self) -> str:
         """Listen on `http.listen`; returns the URL. OSError naming http.listen when the address is taken."""
-        host, port = parse_address(self.config.listen)
-        ssl_context = tlsmod.server_ssl_context(self.tls) if self.tls is not None else None
-        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, ssl_context=ssl_context, backlog=128)
-        try:
-            await site.start()
-        except OSError as exc:
-            await self.runner.cleanup()
-            raise OSError(f"cannot listen on {self.config.listen} (http.listen): {exc.strerror or exc}; "
-                          "choose another port, or http.enabled: false") from None
-        bound: Any = self.runner.addresses[0]
-        shown = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
-        if ":" in shown:
-            shown = f"[{shown}]"
-        self.url = f"{'https' if self.tls else 'http'}://{shown}:{bound[1]}"
+        self.runner, self.url = await listen(self.app, self.config.listen, self.tls, 1.0)
         return self.url
 
     async def stop(self) -> None:

@@ -11,14 +11,11 @@ Nothing is read from the request but its method and path; bodies are refused bey
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
-from typing import Any
 
 from aiohttp import web
 
-from gpurm.queues.fields import parse_address
-from gpurm.rm import tls as tlsmod
+from gpurm.rm.http.server import listen
 from gpurm.rm.tls import TLSConfig
 
 LEADER_HEADER = "X-Gpurm-Leader"
@@ -69,20 +66,7 @@ class StandbyHttp:
         self.url = ""
 
     async def start(self) -> str:
-        host, port = parse_address(self.listen)
-        ssl_context = tlsmod.server_ssl_context(self.tls) if self.tls is not None else None
-        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, ssl_context=ssl_context, backlog=128)
-        try:
-            await site.start()
-        except OSError as exc:
-            await self.runner.cleanup()
-            self.runner = None
-            raise OSError(f"cannot listen on {self.listen} (http.listen): {exc.strerror or exc}") from None
-        bound: Any = self.runner.addresses[0]
-        shown = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
-        self.url = f"{'https' if self.tls else 'http'}://{f'[{shown}]' if ':' in shown else shown}:{bound[1]}"
+        self.runner, self.url = await listen(self.app, self.listen, self.tls, 0.5)
         return self.url
 
     async def stop(self) -> None:
