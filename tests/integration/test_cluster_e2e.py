@@ -217,6 +217,10 @@ def test_a_one_node_dev_cluster_runs_a_job(tmp_path: Path, broker: TestBroker) -
     # `gpurm dev-cluster --nodes 1` was refused: its default --racks 2 is more racks than nodes.
     c = DevCluster(tmp_path / "one", nodes=1, gpus_per_node=2, racks=None, broker=broker)
     try:
+        # The banner is printed just after the cluster says it is ready: give it a moment.
+        deadline = time.monotonic() + 10
+        while "dev cluster up" not in c.log_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert "1 node x 2 GPUs (2) in 1 rack" in c.log_text()
         (node,) = c.nodes()
         assert node.rack == "rack-1"
