@@ -399,6 +399,10 @@ def main() -> int:
         parser.error("--jobs: must be at least 1")
     workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gpurm-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        # Run as root, the agents start jobs as an unprivileged user (and PostgreSQL runs as `postgres`): they
+        # must get through to their own dirs below this one (mkdtemp makes it 0700), as in `gpurm dev-cluster`.
+        os.chmod(workdir, 0o711)
 
     def say(text: str) -> None:
         sys.stderr.write(f"[{time.strftime('%H:%M:%S')}] {text}\n")
@@ -410,7 +414,6 @@ def main() -> int:
             if args.ha:
                 from tests.pg import run_postgres
 
-                os.chmod(workdir, 0o711)      # the server runs as `postgres` when we are root: it must get in
                 ha_store = stack.enter_context(run_postgres(workdir / "postgres")).create_database()
                 say("PostgreSQL up; two RMs on it")
             chaos = Chaos(workdir, broker, args.jobs, args.seed, say, ha_store=ha_store)
