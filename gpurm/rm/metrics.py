@@ -131,6 +131,21 @@ class RecordsCollector(Collector):
         yield from families.values()
 
 
+def leader_gauge(registry: CollectorRegistry, leads: bool) -> Gauge:
+    """`gpurm_rm_leader`: 1 on the RM that serves, 0 on a standby (rm/http/standby.py); over the RMs of a set the
+    sum should always be 1."""
+    gauge = Gauge("gpurm_rm_leader", "1 on the RM that leads (serves), 0 on a standby", registry=registry)
+    gauge.set(1 if leads else 0)
+    return gauge
+
+
+def standby_metrics() -> bytes:
+    """What a standby's /metrics answers: the leader gauge at 0."""
+    registry = CollectorRegistry(auto_describe=True)
+    leader_gauge(registry, False)
+    return generate_latest(registry)
+
+
 class RMMetrics:
     """The registry, its collector of records, and the latency histograms the shell observes."""
 
@@ -149,10 +164,7 @@ class RMMetrics:
                                           registry=self.registry, buckets=LATENCY_BUCKETS)
         self.commit_seconds = Histogram("gpurm_store_commit_seconds", "Store commit time (a write the RM waits "
                                         "on before it answers)", registry=self.registry, buckets=LATENCY_BUCKETS)
-        # A standby answers 0 (rm/http/standby.py): sum over the RMs of a set should always be 1.
-        self.leader = Gauge("gpurm_rm_leader", "1 on the RM that leads (serves), 0 on a standby",
-                            registry=self.registry)
-        self.leader.set(1)
+        self.leader = leader_gauge(self.registry, True)
 
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
         self.rpc_seconds.labels(method, code).observe(seconds)

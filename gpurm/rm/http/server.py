@@ -45,6 +45,9 @@ HTTP_CODES = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND
               500: "INTERNAL", 503: "UNAVAILABLE"}
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+# On every answer (the CSP above is for the pages; a response may set its own Cache-Control).
+SECURITY_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
+                    "Referrer-Policy": "no-referrer"}
 MUTATING = ("POST", "PUT", "PATCH", "DELETE")
 
 
@@ -111,10 +114,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     if isinstance(response, web.Response) and response.status >= 400 and not request.path.startswith("/api/") \
             and response.content_type == "application/json":
         response = pages.error_page(request, response)
-    response.headers["Content-Security-Policy"] = CSP
-    response.headers["X-Content-Type-Options"] = "nosniff"
-    response.headers["X-Frame-Options"] = "DENY"
-    response.headers["Referrer-Policy"] = "no-referrer"
+    response.headers.update(SECURITY_HEADERS)
     response.headers.setdefault("Cache-Control", "no-store")
     return response
 

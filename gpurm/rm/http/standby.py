@@ -15,15 +15,15 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from gpurm.rm.http.server import listen
+from gpurm.rm.http.server import SECURITY_HEADERS, listen
+from gpurm.rm.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gpurm.rm.metrics import standby_metrics
 from gpurm.rm.tls import TLSConfig
 
 LEADER_HEADER = "X-Gpurm-Leader"
-STANDBY_METRICS = (b"# HELP gpurm_rm_leader 1 on the RM that leads (serves), 0 on a standby.\n"
-                   b"# TYPE gpurm_rm_leader gauge\ngpurm_rm_leader 0\n")
-SECURITY_HEADERS = {"Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
-                    "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
-                    "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
+# The web server's headers, with a CSP that allows nothing at all: a standby serves no page.
+HEADERS = {**SECURITY_HEADERS, "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
+           "Cache-Control": "no-store"}
 MAX_BODY_BYTES = 1024
 
 # (the leader's RM address, its web UI's URL); either may be "" (nobody leads, or its HTTP is not up yet).
@@ -31,12 +31,13 @@ LeaderFinder = Callable[[], tuple[str, str]]
 
 
 def build_standby_app(leader: LeaderFinder) -> web.Application:
+    metrics = standby_metrics()
+
     async def answer(request: web.Request) -> web.StreamResponse:
         address, url = leader()
         if request.path == "/metrics" and request.method in ("GET", "HEAD"):
-            return web.Response(body=STANDBY_METRICS, headers={"Content-Type": "text/plain; version=0.0.4",
-                                                               **SECURITY_HEADERS})
-        headers = dict(SECURITY_HEADERS)
+            return web.Response(body=metrics, headers={"Content-Type": METRICS_CONTENT_TYPE, **HEADERS})
+        headers = dict(HEADERS)
         if address:
             headers[LEADER_HEADER] = address
         if url and request.method in ("GET", "HEAD"):
