@@ -4,10 +4,13 @@ After every core call (`async with shell.mutation():`) it writes what changed to
 core's effects: launching AMs on agents, pushing stop orders down the agents' heartbeat streams and publishing
 job events and the cluster view over MQTT. Replies go out only after the store commit.
 
-Why it is over 500 lines: besides the effects it holds the view publishing loop, queue refresh, log access over
-the agents and the start/stop sequence with the store's fail-closed retry. What it answers with is built
-elsewhere: the credentials in rm/credentials.py, the protobuf views in rm/pbviews.py, which container a log
-request names in rm/views.py; the process around it (signals, watchdog, exit codes) is rm/process.py.
+Why it is one file of over 800 lines: RMShell is the one owner of the loop's mutable state (the mutation lock,
+the store flush and its fail-closed retry, the agents' streams and channels, the publisher), and each part below
+reads and writes that state: the effects, the view publishing loop, queue refresh, log access over the agents and
+the start/stop sequence. What does not need that state lives elsewhere: the credentials in rm/credentials.py, the
+protobuf views in rm/pbviews.py, which container a log request names in rm/views.py, the process around it
+(signals, watchdog, exit codes) in rm/process.py. The next part to move out is the MQTT publishing (job events,
+telemetry, the view loop), behind a small interface of its own.
 """
 
 from __future__ import annotations
