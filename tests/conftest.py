@@ -16,14 +16,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from gpurm.rm.brokerauth import SECRET_FILE, BrokerAuth, load_or_create, write_mosquitto_files
+from gpurm.rm.security.brokerauth import SECRET_FILE, BrokerAuth, load_or_create, write_mosquitto_files
 
 if TYPE_CHECKING:
     from tests.pg import PgServer
+
+pytest_plugins = ("tests.parallel",)   # pytest-xdist: worker count and groups (tests/parallel.py)
 
 PHILLY = Path(__file__).resolve().parent / "data" / "philly"    # the Philly trace, vendored (CC BY 4.0)
 
@@ -67,6 +69,13 @@ def pytest_configure(config: pytest.Config) -> None:
         os.chmod(run, TRAVERSE)
         config.option.basetemp = str(run)
         config.stash[_RUN_DIR] = run
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """(pytest-xdist's controller) Asking for the run dir to name each worker's (run-XXXX/popen-gwN), xdist had
+    pytest remake it 0700: traversable again, or no job (as nobody) reaches its container dir."""
+    os.chmod(node.config._tmp_path_factory.getbasetemp(), TRAVERSE)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -123,14 +132,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_port(port: int, timeout: float = 10.0) -> None:
+def wait_port(port: int, host: str = "127.0.0.1", timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
+            if s.connect_ex((host, port)) == 0:
                 return
         time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
 
 
 @pytest.fixture
@@ -172,10 +181,10 @@ def _password_file(path: Path, password: str) -> Path:
 
 
 @contextlib.contextmanager
-def run_broker(workdir: Path, kind: str = "") -> Iterator[TestBroker]:
+def run_broker(workdir: Path, kind: str = "", host: str = "127.0.0.1") -> Iterator[TestBroker]:
     """A real broker with credentials on a free port until the block ends: mosquitto where the binary exists
     (with the files `gpurm admin broker-files` writes), else the embedded amqtt broker; `kind` picks one. Never
-    the machine's own mosquitto on 1883."""
+    the machine's own mosquitto on 1883. `host`: the address it listens on (a bridge's, for network namespaces)."""
     binary = shutil.which("mosquitto") or ("/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None)
     kind = kind or ("mosquitto" if binary else "amqtt")
     port = free_port()
@@ -184,23 +193,23 @@ def run_broker(workdir: Path, kind: str = "") -> Iterator[TestBroker]:
     if kind == "mosquitto":
         if binary is None:
             pytest.skip("no mosquitto binary here")
-        files = write_mosquitto_files(auth, workdir / "mosquitto", "127.0.0.1", port)
+        files = write_mosquitto_files(auth, workdir / "mosquitto", host, port)
         conf = workdir / "mosquitto.conf"
         # Tests run as root: stay root, so mosquitto can read files under the tests' private temp dirs.
         conf.write_text(f"user {pwd.getpwuid(os.geteuid()).pw_name}\npersistence false\n{files.conf.read_text()}")
         argv = [binary, "-c", str(conf)]
     else:
         argv = [sys.executable, "-c", "import asyncio\nfrom pathlib import Path\n"
-                "from gpurm.rm.broker import EmbeddedBroker\nfrom gpurm.rm.brokerauth import load\n"
+                "from gpurm.rm.server.broker import EmbeddedBroker\nfrom gpurm.rm.security.brokerauth import load\n"
                 "async def main():\n"
-                f"    b = EmbeddedBroker('127.0.0.1', {port}, load(Path({str(workdir / SECRET_FILE)!r})))\n"
+                f"    b = EmbeddedBroker({host!r}, {port}, load(Path({str(workdir / SECRET_FILE)!r})))\n"
                 "    await b.start(); await asyncio.Event().wait()\n"
                 "asyncio.run(main())\n"]
     with (workdir / "broker.log").open("wb") as out:
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=out)
     try:
-        wait_port(port)
-        yield TestBroker(f"mqtt://127.0.0.1:{port}", kind, auth,
+        wait_port(port, host)
+        yield TestBroker(f"mqtt://{host}:{port}", kind, auth,
                          _password_file(workdir / "rm.password", auth.rm.password),
                          _password_file(workdir / "reader.password", auth.reader.password))
     finally:

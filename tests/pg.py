@@ -31,9 +31,10 @@ HINT = ("install the PostgreSQL server (Debian: apt-get install postgresql, then
 class PgServer:
     port: int
     data: Path
+    host: str = "127.0.0.1"
 
     def url(self, dbname: str = "postgres") -> str:
-        return f"postgresql://{USER}@127.0.0.1:{self.port}/{dbname}"
+        return f"postgresql://{USER}@{self.host}:{self.port}/{dbname}"
 
     def create_database(self) -> str:
         """A new empty database; its URL."""
@@ -72,8 +73,9 @@ def server_binary(name: str) -> str | None:
 
 
 @contextlib.contextmanager
-def run_postgres(workdir: Path, durable: bool = False) -> Iterator[PgServer]:
-    """`durable`: fsync on, as a production server (benchmarks); the tests' server skips it (speed)."""
+def run_postgres(workdir: Path, durable: bool = False, host: str = "127.0.0.1") -> Iterator[PgServer]:
+    """`durable`: fsync on, as a production server (benchmarks); the tests' server skips it (speed). `host`: the
+    address it listens on (a bridge's: clients in network namespaces on it are trusted too)."""
     missing = [b for b in SERVER_BINARIES if server_binary(b) is None]
     if missing:
         pytest.fail(f"PostgreSQL binaries missing (PATH, /usr/lib/postgresql/*/bin): {', '.join(missing)}; {HINT}")
@@ -100,7 +102,10 @@ def run_postgres(workdir: Path, durable: bool = False) -> Iterator[PgServer]:
     done = run("initdb", "-D", str(data), "-U", USER, "--auth=trust", "-E", "UTF8", "--no-sync", "--no-instructions")
     if done.returncode != 0:
         pytest.fail(f"initdb failed: {done.stderr.strip()[-1000:]}")
-    options = (f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories='' -c max_connections=50 "
+    if host != "127.0.0.1":
+        with (data / "pg_hba.conf").open("a") as hba:
+            hba.write(f"host all {USER} samenet trust\n")   # the bridge's subnet: the RMs in namespaces on it
+    options = (f"-c listen_addresses={host} -p {port} -c unix_socket_directories='' -c max_connections=50 "
                + ("-c shared_buffers=128MB" if durable
                   else "-c fsync=off -c full_page_writes=off -c shared_buffers=16MB"))
     done = run("pg_ctl", "-D", str(data), "-l", str(log), "-w", "-t", "30", "-o", options, "start")
@@ -108,6 +113,6 @@ def run_postgres(workdir: Path, durable: bool = False) -> Iterator[PgServer]:
         text = log.read_text()[-1000:] if log.exists() else ""
         pytest.fail(f"pg_ctl start failed: {done.stderr.strip()[-500:]} {text}")
     try:
-        yield PgServer(port, data)
+        yield PgServer(port, data, host)
     finally:
         run("pg_ctl", "-D", str(data), "-m", "immediate", "-w", "stop")

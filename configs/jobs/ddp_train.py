@@ -49,7 +49,8 @@ def main() -> None:
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=args.batch, sampler=sampler)
     node = os.environ.get("GPURM_NODE_ID", "?")
-    print(f"rank {rank} of {world} on {node}: {len(sampler)} samples per epoch", flush=True)
+    master = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    print(f"rank {rank} of {world} on {node}: {len(sampler)} samples per epoch, rendezvous at {master}", flush=True)
     loss_fn = torch.nn.CrossEntropyLoss()
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)

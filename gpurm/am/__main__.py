@@ -14,10 +14,10 @@ import signal
 import sys
 
 from gpurm.am.runner import RM_RETRY_FOR_S, AMRunner
-from gpurm.queues.fields import ConfigError
-from gpurm.rm.rmlist import parse_rm_list
-from gpurm.rm.textsafe import setup_logging
-from gpurm.rm.tls import tls_from_env
+from gpurm.common.fields import ConfigError
+from gpurm.common.rmlist import parse_rm_list
+from gpurm.common.textsafe import setup_logging
+from gpurm.common.tls import tls_from_env
 
 
 def main() -> int:

@@ -1,4 +1,4 @@
-"""Where an elastic job grows (the AM's side of rm/elastic.py). Pure.
+"""Where an elastic job grows (the AM's side of rm/sched/elastic.py). Pure.
 
 An elastic job runs a gang of its minimum, placed like any job (am/placement.py). Growth then asks for more
 GPUs, one container per server, where the job stays packed: first on the servers it already runs on, then in its
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpurm.am.placement import ServerView, View
-from gpurm.rm.jobspec import LocalityLevel
+from gpurm.common.jobspec import LocalityLevel
 
 
 def growable(s: ServerView) -> list[int]:

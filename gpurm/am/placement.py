@@ -29,10 +29,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from gpurm.rm.cluster import choose_in_islands
-from gpurm.rm.jobspec import LocalityLevel
+from gpurm.common.gpus import choose_in_islands
+from gpurm.common.jobspec import LocalityLevel
 
 T = TypeVar("T")
+
+BACKFILL_MARGIN_S = 60.0       # a job plans on GPUs reserved for another only if it would vacate them this much early
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,28 @@ class ServerView:
     islands: tuple[tuple[int, ...], ...] = ()    # NVLink islands, when known
     ib_domain: str = ""
     reclaimable: tuple[int, ...] = ()            # of `free`: held by elastic jobs' growth, taken back for a gang
+    # Free GPUs reserved for a job that waits for this server (rm/sched/reservations.py): not in `free`. Its AM, and
+    # one expected to end before `reserved_until` (backfill), may plan on them (`View.for_job`).
+    reserved: tuple[int, ...] = ()
+    reserved_for: str = ""
+    reserved_until: float = 0.0
+    has_image: bool = False                      # holds the job's image: preferred among equally good servers
 
     @property
     def domain(self) -> str:
         return self.ib_domain or self.rack
+
+    def usable_by(self, job_id: str, now: float, expected_run_s: float) -> bool:
+        """Whether `job_id` may take this server's reserved GPUs: it holds the reservation, or it is expected to end
+        before the reserved job needs them, with a margin (the RM's estimate of its run may have moved a little
+        since its last reply: an AM that planned on GPUs the RM then refused would plan there again)."""
+        return bool(self.reserved) and (self.reserved_for == job_id
+                                        or now + expected_run_s + BACKFILL_MARGIN_S <= self.reserved_until)
+
+    def with_reserved(self) -> ServerView:
+        """This server with its reserved GPUs free (as the reservation's holder sees it)."""
+        return ServerView(self.node_id, self.rack, self.total, tuple(sorted((*self.free, *self.reserved))),
+                          self.islands, self.ib_domain, self.reclaimable, has_image=self.has_image)
 
 
 @dataclass(frozen=True)
@@ -106,6 +126,8 @@ class View:
         self._by_domain: dict[str, list[ServerView]] | None = None
         self._no_plan: set[tuple[int, LocalityLevel]] = set()
         self._shape: dict[tuple[int, LocalityLevel], bool] = {}   # (gpus, level) -> satisfiable in an empty cluster
+        self.reserved_on: dict[str, ServerView] = {s.node_id: s for s in self.servers if s.reserved}
+        self._holders: frozenset[str] | None = None   # servers holding the job's image (when first needed)
 
     def updated(self, changed: Iterable[ServerView]) -> View:
         """A new View: this one with some servers replaced (same node ids, same order), the aggregates updated
@@ -120,7 +142,15 @@ class View:
         sizes_same = True
         domains_same = True
         total = self.total_free
+        reserved_on = self.reserved_on
         for s in changed:
+            if s.reserved or s.node_id in reserved_on:
+                if reserved_on is self.reserved_on:
+                    reserved_on = dict(reserved_on)
+                if s.reserved:
+                    reserved_on[s.node_id] = s
+                else:
+                    del reserved_on[s.node_id]
             k = index[s.node_id]
             old = servers[k]
             servers[k] = s
@@ -148,10 +178,26 @@ class View:
         new._no_plan = set()
         # The shape (sizes, domains) is what `satisfiable` reads: keep its answers while it did not change.
         new._shape = self._shape if sizes_same and domains_same else {}
+        new.reserved_on = reserved_on
         return new
+
+    def for_job(self, job_id: str, now: float, expected_run_s: float) -> View:
+        """The view as `job_id` may plan on it: with the reserved GPUs it may take (its own reservation's, or
+        another's it would vacate in time: `ServerView.usable_by`) counted free. Itself when there are none."""
+        if not self.reserved_on:
+            return self
+        usable = [s.with_reserved() for s in self.reserved_on.values() if s.usable_by(job_id, now, expected_run_s)]
+        return self.updated(usable) if usable else self
 
     def __len__(self) -> int:
         return len(self.servers)
+
+    @property
+    def image_holders(self) -> frozenset[str]:
+        """The servers that hold the job's image (ServerView.has_image): preferred in ties."""
+        if self._holders is None:
+            self._holders = frozenset(s.node_id for s in self.servers if s.has_image)
+        return self._holders
 
     def fewest_servers(self, gpus: int) -> int:
         k = self._fewest.get(gpus)
@@ -231,10 +277,14 @@ def fewest_of(gpus: int, sizes: list[int]) -> int:
     return max(len(sizes), 1) if total >= gpus else len(sizes) + 1
 
 
-def _tie(salt: int | None) -> Callable[[str], tuple[int, str]]:
-    """Ties between equally good servers: by name, or (salted) in an order of the AM's own, so AMs planning
+def _tie(salt: int | None, prefer: frozenset[str] = frozenset()) -> Callable[[str], tuple[int, str]]:
+    """Ties between equally good servers: those in `prefer` first (they hold the job's image: image locality,
+    like Kubernetes' ImageLocality), then by name, or (salted) in an order of the AM's own, so AMs planning
     from the same view at the same moment spread over the equally good servers instead of all asking for
     one (a thundering herd)."""
+    if prefer:
+        base = _tie(salt)
+        return lambda name: (base(name)[0] - (1 << 40), name) if name in prefer else base(name)
     if salt is None:
         return lambda name: (0, name)
     known = _TIES.get(salt)
@@ -295,7 +345,8 @@ def _plan(view: View, gpus: int, level: LocalityLevel, avoided: set[str], salt: 
         usable = view.servers
         candidates = view.candidates()
         by_domain = view.by_domain()
-    tie = _tie(salt)
+    prefer = view.image_holders
+    tie = _tie(salt, prefer)
     # Best fit at both scales (module doc): the free GPUs of each domain rank its servers and its plans.
     domain_free = {d: sum(len(s.free) for s in members) for d, members in by_domain.items()} if avoided \
         else view._domain_free
@@ -306,7 +357,7 @@ def _plan(view: View, gpus: int, level: LocalityLevel, avoided: set[str], salt: 
         best = _best(fits, lambda s: (len(s.free) - gpus, domain_free[s.domain]), _name, tie)
         return Plan(level, [_part(best, gpus)])
     if level is LocalityLevel.ANY:
-        chosen = _choose(candidates, gpus, max_servers=None, salt=salt)
+        chosen = _choose(candidates, gpus, max_servers=None, salt=salt, prefer=prefer)
         return Plan(level, chosen) if chosen else None
     most_free = view.max_free if not avoided else max((len(s.free) for s in candidates), default=0)
     if most_free >= gpus:
@@ -326,7 +377,7 @@ def _plan(view: View, gpus: int, level: LocalityLevel, avoided: set[str], salt: 
     for d, members in by_domain.items():
         if domain_free[d] < gpus:
             continue
-        chosen = _choose(members, gpus, max_servers=cap, salt=salt)
+        chosen = _choose(members, gpus, max_servers=cap, salt=salt, prefer=prefer)
         if chosen:
             free_on = view.free_on
             left = sum(free_on[p.node_id] - p.gpus for p in chosen)
@@ -345,13 +396,13 @@ def _name(s: ServerView) -> str:
 
 
 def _choose(servers: Sequence[ServerView], gpus: int, max_servers: int | None,
-            salt: int | None = None) -> list[Part] | None:
+            salt: int | None = None, prefer: frozenset[str] = frozenset()) -> list[Part] | None:
     """Fewest servers first: take the fullest servers while no single one fits the rest, then the tightest
     server that does (best fit)."""
     if sum(len(s.free) for s in servers) < gpus:
         return None                       # the loop below would run out of servers
     remaining = gpus
-    tie = _tie(salt)
+    tie = _tie(salt, prefer)
     pool = list(servers)
     picks: list[tuple[ServerView, int]] = []
     while remaining > 0 and pool:

@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from gpurm.am.placement import View
-from gpurm.rm.jobspec import LocalityLevel
+from gpurm.common.jobspec import LocalityLevel
 from gpurm.sim.runtime import RuntimeConfig, rate
 
 

@@ -15,20 +15,21 @@ from typing import Any, TypeVar
 
 import grpc
 
-from gpurm.am.master import Action, AttemptRecord, Ended, Held, Launch, Master, Phase, Stop
+from gpurm.am.master import Master
 from gpurm.am.placement import ServerView
+from gpurm.am.records import Action, AttemptRecord, Ended, Held, Launch, Phase, Stop
 from gpurm.am.view import ViewFollower
+from gpurm.common import convert, mqtt, tls
+from gpurm.common.aio import wait_set
+from gpurm.common.callers import AM_TOKEN_KEY
+from gpurm.common.jobspec import JobSpec, image_key, mounts_to_proto, spec_from_proto
+from gpurm.common.model import FailureKind, JobState
+from gpurm.common.mqtt import Credentials
+from gpurm.common.retry import AM_POLICY, RECONNECT_OPTIONS, Outage, RetryPolicy
+from gpurm.common.rmlist import Channels, LeaderFollower, parse_rm_list, rpc_failure
+from gpurm.common.tls import TLSConfig
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.rm import convert, mqtt, tls
-from gpurm.rm.aio import wait_set
-from gpurm.rm.brokerauth import Credentials
-from gpurm.rm.identity import AM_TOKEN_KEY
-from gpurm.rm.jobspec import JobSpec, spec_from_proto
-from gpurm.rm.model import FailureKind, JobState
-from gpurm.rm.retry import AM_POLICY, RECONNECT_OPTIONS, Outage, RetryPolicy
-from gpurm.rm.rmlist import Channels, LeaderFollower, parse_rm_list, rpc_failure
-from gpurm.rm.tls import TLSConfig
 
 log = logging.getLogger("gpurm.am")
 
@@ -44,13 +45,18 @@ class AMExit(Exception):
     """The AM must stop: its job ended elsewhere, or the RM no longer knows this AM attempt."""
 
 
-def servers_from_view(view: pb.ClusterView) -> list[ServerView]:
-    # GPUs held by elastic jobs' growth count as free to plan on: the RM takes them back for a waiting ask.
+def servers_from_view(view: pb.ClusterView, image: str = "") -> list[ServerView]:
+    """The servers a job may plan on: running ones; for an image job (`image`), only those with a container
+    engine, those that hold the image marked (preferred at equal locality). GPUs held by elastic jobs' growth
+    count as free to plan on: the RM takes them back for a waiting ask."""
+    key = image_key(image) if image else ""
     return [ServerView(node_id=n.node_id, rack=n.rack, total=n.gpus_healthy,
                        free=tuple(sorted({*n.free_gpus, *n.elastic_gpus})) if n.elastic_gpus else tuple(n.free_gpus),
                        islands=tuple(tuple(i.gpus) for i in n.islands), ib_domain=n.ib_domain,
-                       reclaimable=tuple(n.elastic_gpus))
-            for n in view.nodes if n.state == pb.NODE_RUNNING]
+                       reclaimable=tuple(n.elastic_gpus), reserved=tuple(n.reserved_gpus),
+                       reserved_for=n.reserved_for, reserved_until=n.reserved_until_ms / 1000,
+                       has_image=bool(key) and key in n.images)
+            for n in view.nodes if n.state == pb.NODE_RUNNING and (n.container_engine or not image)]
 
 
 def held_from_grant(g: pb.ContainerGrant) -> Held:
@@ -110,7 +116,7 @@ class AMRunner:
 
     async def _rm_call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """Every AM call to the RM is safe to repeat (register and finish are idempotent, an allocate carries its
-        response_id), so an unreachable RM is ridden out with the shared back-off (`gpurm.rm.retry`) for up to
+        response_id), so an unreachable RM is ridden out with the shared back-off (`gpurm.common.retry`) for up to
         rm.yaml's `am.rm_retry_for`; then the AM fails (its job's GPUs stay held until the RM, once back,
         restarts the AM)."""
         outage: Outage | None = None
@@ -186,13 +192,13 @@ class AMRunner:
         self.spec = spec_from_proto(reg.job.spec)
         self.interval = max(reg.allocate_interval_ms / 1000, 0.05) if reg.allocate_interval_ms else 0.5
         now = time.time()
-        master = Master(self.spec, now, rng=self.rng)
+        master = Master(self.spec, now, rng=self.rng, job_id=self.job_id)
         self.master = master
         mqtt_url = os.environ.get(mqtt.MQTT_URL_ENV) or reg.mqtt_url   # the node's mqtt.advertise, if set
         self.view = ViewFollower(mqtt_url, self.client, reg.view,
                                  Credentials(reg.mqtt_username, reg.mqtt_password) if reg.mqtt_username else None)
         await self.view.start()
-        master.on_view(servers_from_view(self.view.current), now)
+        master.on_view(servers_from_view(self.view.current, self.spec.image), now)
         if reg.job.attempts:
             master.adopt([attempt_from_pb(a) for a in reg.job.attempts],
                          [held_from_grant(g) for g in reg.held],
@@ -207,7 +213,7 @@ class AMRunner:
             while master.final is None:
                 now = time.time()
                 if self.view.changed:
-                    master.on_view(servers_from_view(self.view.take()), now)
+                    master.on_view(servers_from_view(self.view.take(), master.spec.image), now)
                 master.step(now)
                 self._execute(master.take_actions())
                 if master.final is not None:
@@ -223,7 +229,8 @@ class AMRunner:
                 resp = await self._rm_call("allocate", lambda req=request: self.am.Allocate(  # type: ignore[misc]
                     req, metadata=self.metadata, timeout=10))
                 response_id = resp.response_id
-                # A running job's AM calls less often; the RM stretches that with the number of AMs (rm/pacing.py).
+                # A running job's AM calls less often; the RM stretches that with the number of AMs
+                # (rm/sched/pacing.py).
                 self._steady = max(self.interval * 4, min(resp.steady_interval_ms / 1000, MAX_STEADY_S))
                 now = time.time()
                 self._take_am_token(resp.am_token)
@@ -244,6 +251,9 @@ class AMRunner:
                     master.on_ended(ended, now)
                 if resp.kill_requested:
                     master.on_kill("killed", now)
+                master.expected_run_s = resp.expected_run_ms / 1000
+                if resp.plan_now:
+                    master.on_room(now)      # GPUs wait for it (its reservation is ready, a room was made)
                 master.on_reply()
                 self._execute(master.take_actions())
                 if master.final is None:
@@ -321,11 +331,12 @@ class AMRunner:
         assert self.spec is not None and self.master is not None
         full_env = {**self.spec.env, **env, "MASTER_PORT": str(port), "GPURM_JOB_ID": self.job_id}
         if self.spec.elastic:
-            # torchrun's elastic rendezvous (see Master._elastic_env): one endpoint and id per attempt.
+            # torchrun's elastic rendezvous (see elastic_env in am/launch.py): one endpoint and id per attempt.
             full_env["GPURM_RDZV_ENDPOINT"] = full_env["PET_RDZV_ENDPOINT"] = f"{env.get('MASTER_ADDR', '')}:{port}"
             full_env["PET_RDZV_ID"] = f"{self.job_id}-{env.get('PET_RDZV_ID', '')}"
         request = pb.StartContainerRequest(token=self._token(held), launch=pb.LaunchContext(
-            argv=self.spec.command, env=full_env, workdir=self.spec.workdir))
+            argv=self.spec.command, env=full_env, workdir=self.spec.workdir, image=self.spec.image,
+            mounts=mounts_to_proto(self.spec.mounts), shm_size_mib=self.spec.shm_size_mib))
         try:
             reply = await self._agent(held.host, held.port).StartContainer(request, timeout=AGENT_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:

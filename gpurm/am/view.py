@@ -13,11 +13,11 @@ import logging
 import aiomqtt
 import grpc
 
+from gpurm.common import mqtt
+from gpurm.common.aio import stop_task
+from gpurm.common.mqtt import Credentials
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.rm import mqtt
-from gpurm.rm.aio import stop_task
-from gpurm.rm.brokerauth import Credentials
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class ViewFollower:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        await stop_task(self._task)      # cancelled while connecting, it may carry on: see rm/aio.py
+        await stop_task(self._task)      # cancelled while connecting, it may carry on: see gpurm/common/aio.py
 
     def summary(self) -> str:
         return (f"epoch {self.current.epoch} version {self.current.version}, {self.deltas} deltas over MQTT, "

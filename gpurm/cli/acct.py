@@ -8,10 +8,11 @@ import csv
 import sys
 import time
 
-from gpurm.cli.client import CliError, connect
+from gpurm.cli.basics import CliError
+from gpurm.cli.client import connect
 from gpurm.cli.output import print_json, table
+from gpurm.common.fields import format_duration
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.queues.fields import format_duration
 from gpurm.rm.accounting import GROUPS, by_fields, parse_when
 
 EXAMPLE = ("  gpurm acct                                  # everything finished in the last 7 days, one total\n"

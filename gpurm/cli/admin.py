@@ -8,13 +8,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpurm.cli.client import CliError, connect
+from gpurm.cli.basics import CliError
+from gpurm.cli.client import connect
 from gpurm.cli.output import ago, message_dict, print_json, table
+from gpurm.common.textsafe import escape_controls
+from gpurm.common.tokens import ClusterKeys, write_secret_file
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.rm import pki
 from gpurm.rm.config import default_state_dir
-from gpurm.rm.textsafe import escape_controls
-from gpurm.rm.tokens import ClusterKeys, write_secret_file
+from gpurm.rm.security import pki
 
 Sub = Callable[..., argparse.ArgumentParser]
 

@@ -8,10 +8,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpurm.cli.client import CliError
-from gpurm.queues.fields import parse_address
-from gpurm.rm import brokerauth
+from gpurm.cli.basics import CliError
+from gpurm.common.fields import parse_address
 from gpurm.rm.config import default_state_dir
+from gpurm.rm.security import brokerauth
 
 DEFAULT_LISTEN = "127.0.0.1:1883"
 

@@ -13,15 +13,18 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import grpc
 
+from gpurm.cli.basics import CliError
+from gpurm.common import tls
+from gpurm.common.callers import USER_KEY
+from gpurm.common.fields import ConfigError, format_duration, parse_duration
+from gpurm.common.retry import CLI_POLICY, RECONNECT_OPTIONS, Outage, RetryPolicy, answered
+from gpurm.common.rmlist import Channels, LeaderFollower, parse_rm_list, rpc_failure
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.queues.fields import ConfigError, format_duration, parse_duration
-from gpurm.rm import tls
-from gpurm.rm.retry import CLI_POLICY, RECONNECT_OPTIONS, Outage, RetryPolicy, answered
-from gpurm.rm.rmlist import Channels, LeaderFollower, parse_rm_list, rpc_failure
 
 DEFAULT_RM = "127.0.0.1:7070"
 RETRY_ENV = "GPURM_RETRY_FOR"
@@ -32,18 +35,8 @@ T = TypeVar("T")
 # Replies are pages (ListNodes, ListJobs: at most 5,000 rows, a few MB); room above gRPC's 4 MB default for a
 # full page of big nodes, and for GetLogs' largest chunk.
 MAX_RECEIVE = 64 << 20
-MAX_PAGE = 5000           # the most rows the RM puts in a list page (rm/paging.py)
+MAX_PAGE = 5000           # the most rows the RM puts in a list page (rm/server/paging.py)
 CHANNEL_OPTIONS = (("grpc.max_receive_message_length", MAX_RECEIVE),)
-
-
-class CliError(Exception):
-    """Ends the command with one line on stderr and an exit code (2 = bad input or unusable target, 3 = the RM
-    could not be reached)."""
-
-    def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
 
 
 def rm_address(flag: str | None) -> str:
@@ -89,14 +82,14 @@ class RM:
     """Stubs for the RM's services, calls made with the user's identity and turned into CliErrors.
 
     Every call rides out an RM restart or failover: while the RM is unreachable (UNAVAILABLE, DEADLINE_EXCEEDED)
-    it is tried again with capped, jittered exponential back-off (`gpurm.rm.retry`) for up to `retry_for`
+    it is tried again with capped, jittered exponential back-off (`gpurm.common.retry`) for up to `retry_for`
     seconds from the first failure, saying so once on stderr; then the command fails with one line and exit 3.
     Every Client / Admin call is safe to repeat: reads, idempotent writes (kill, scale, drain, refresh-queues),
     and submit, which the RM deduplicates by its submit_id.
 
     Several RMs (an active/standby pair): a call the RM could not answer as leader (unreachable, or a standby's
     refusal) goes at once to the leader the standby named, when it is one of the list, else to the next RM
-    (`gpurm.rm.rmlist`); the back-off sleeps only after every RM of the list failed once, and `retry_for` bounds the
+    (`gpurm.common.rmlist`); the back-off sleeps only after every RM of the list failed once, and `retry_for` bounds the
     whole outage as before (0: each RM is tried once)."""
 
     def __init__(self, address: str | Sequence[str], timeout: float = 15.0, retry_for: float = CLI_POLICY.give_up_s,
@@ -122,7 +115,7 @@ class RM:
         # Stubs that call whichever RM the follower is on at call time.
         self.client: pbg.ClientStub = self.channels.stub(pbg.ClientStub)
         self.admin: pbg.AdminStub = self.channels.stub(pbg.AdminStub)
-        self.metadata = (("x-gpurm-user", current_user()),)
+        self.metadata = ((USER_KEY, current_user()),)
 
     @property
     def address(self) -> str:
@@ -173,16 +166,24 @@ class RM:
 
     def pages(self, method: Callable[..., T], request: Any, limit: int = 0) -> Iterator[T]:
         """Each reply of a paged list RPC (ListNodes, ListJobs, ListQueues), following next_page_token until the
-        last page, or until `limit` rows (0: all) came, counted by `rows_of`."""
+        last page, or until `limit` rows (0: all) came, counted by `rows_of`. The next page is asked for as soon
+        as a page arrives, while the caller prints this one: the RM's work and the printing overlap."""
         seen = 0
-        while True:
-            reply = self.call(method, request)
-            yield reply
-            seen += rows_of(reply)
-            token = getattr(reply, "next_page_token", "")
-            if not token or (limit and seen >= limit):
-                return
-            request.page_token = token
+        with ThreadPoolExecutor(1, thread_name_prefix="gpurm-pages") as pool:
+            pending = pool.submit(self.call, method, request)
+            while True:
+                reply = pending.result()
+                seen += rows_of(reply)
+                token = getattr(reply, "next_page_token", "")
+                last = not token or (limit and seen >= limit)
+                if not last:
+                    following = type(request)()
+                    following.CopyFrom(request)
+                    following.page_token = token
+                    pending = pool.submit(self.call, method, following)
+                yield reply
+                if last:
+                    return
 
     def translate(self, exc: grpc.RpcError, outage: Outage | None = None) -> CliError:
         code, details = _status(exc)

@@ -7,17 +7,19 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-from gpurm.cli.client import CliError, connect, page_size_arg
+from gpurm.cli.basics import PAGE_SIZE, CliError
+from gpurm.cli.client import connect, page_size_arg
 from gpurm.cli.output import JsonArray, StreamTable, ago, message_dict, print_json, table
+from gpurm.common.fields import format_duration
+from gpurm.common.jobspec import share_text
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.rm.jobspec import share_text
 
 NODE_STATES = {v: k.removeprefix("NODE_") for k, v in pb.NodeState.items()}
 
 
-NODE_HEADERS = ["NODE", "RACK", "STATE", "FREE/GPUS", "MODEL", "CONTAINERS", "AGENT", "BEAT", "NOTE"]
-PAGE_SIZE = 500           # rows a list page asks for (the RM's default; each page is printed as it comes)
+NODE_HEADERS = ["NODE", "RACK", "STATE", "FREE/GPUS", "MODEL", "CONTAINERS", "IMAGES", "AGENT", "BEAT", "NOTE"]
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
@@ -27,13 +29,13 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     if limit < 0:
         raise CliError(f"--limit: must be 0 (every node) or more, got {limit}")
     size = page_size_arg(args, PAGE_SIZE)
-    request = pb.ListNodesRequest(page_size=min(limit, size) if limit else size)
+    request = pb.ListNodesRequest(page_size=min(limit, size) if limit else size, brief=args.output != "json",
+                                  **node_filters(args))
     pages = rm.pages(rm.client.ListNodes, request, limit)
     if args.output == "json":
         with JsonArray() as out:
             for reply in pages:
-                for n in reply.nodes[:limit - out.count if limit else None]:
-                    out.add(message_dict(n))
+                out.extend(reply.nodes[:limit - out.count if limit else None])
         return 0
     now = time.time()
     shown = free = total = known = 0
@@ -45,12 +47,30 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         shown += len(nodes)
         free += sum(n.gpus_free for n in nodes)
         total += sum(n.gpus_total for n in nodes)
+    filtered = bool(node_filters(args))
     if not shown:
-        print("no nodes have registered: start agents (`gpurm agent --config configs/agent.yaml`)")
+        print(f"no nodes match (of {known} the RM knows)" if filtered else
+              "no nodes have registered: start agents (`gpurm agent --config configs/agent.yaml`)")
         return 0
-    more = f" (the first {shown} of {known}: --limit)" if known > shown else ""
+    more = (f" (of {known})" if filtered else
+            f" (the first {shown} of {known}: --limit)" if known > shown else "")
     print(f"{shown} nodes{more}, {free} of {total} GPUs free")
     return 0
+
+
+def node_filters(args: argparse.Namespace) -> dict[str, Any]:
+    """The ListNodesRequest filters the flags ask for (the RM applies them)."""
+    out: dict[str, Any] = {}
+    if getattr(args, "state", None):
+        out["states"] = [pb.NodeState.Value(f"NODE_{s}") for s in args.state]
+    if getattr(args, "free", 0):
+        if args.free < 0:
+            raise CliError(f"--free: must be 0 (any) or more, got {args.free}")
+        out["min_free_gpus"] = args.free
+    for flag, field in (("rack", "rack"), ("model", "gpu_model"), ("name", "name")):
+        if getattr(args, flag, None):
+            out[field] = getattr(args, flag)
+    return out
 
 
 def node_row(n: pb.NodeInfo, now: float) -> list[object]:
@@ -61,7 +81,14 @@ def node_row(n: pb.NodeInfo, now: float) -> list[object]:
     if shared:
         note = "; ".join(x for x in (note, f"shared {shared}") if x)
     return [n.node_id, n.rack, NODE_STATES.get(n.state, "?"), f"{n.gpus_free}/{n.gpus_total}", ",".join(models),
-            n.containers, f"{n.host}:{n.agent_port}", ago(n.last_heartbeat_ms, now), note]
+            n.containers, images_column(n), f"{n.host}:{n.agent_port}", ago(n.last_heartbeat_ms, now), note]
+
+
+def images_column(n: pb.NodeInfo) -> str:
+    """Whether a server runs image jobs, with which engine and how it passes GPUs: `podman/cdi`, or `-`."""
+    if not n.container_engine:
+        return "-"
+    return f"{n.container_engine}/{n.gpu_passing}" if n.gpu_passing else n.container_engine
 
 
 def shared_gpus(n: pb.NodeInfo) -> str:
@@ -86,13 +113,36 @@ def cmd_queues(args: argparse.Namespace) -> int:
     reply = pb.ListQueuesResponse()
     for page in rm.pages(rm.client.ListQueues, pb.ListQueuesRequest()):      # one page unless the tree is huge
         reply.queues.extend(page.queues)
+        reply.by_size.extend(page.by_size)
         reply.capacity = page.capacity
+        reply.borrowing, reply.borrowing_preemptions = page.borrowing, page.borrowing_preemptions
     if args.output == "json":
-        print_json({"capacity": reply.capacity, "queues": [message_dict(q) for q in reply.queues]})
+        print_json({"capacity": reply.capacity, "queues": [message_dict(q) for q in reply.queues],
+                    "by_size": [message_dict(c) for c in reply.by_size], "borrowing": reply.borrowing or "fair",
+                    "borrowing_preemptions": reply.borrowing_preemptions})
         return 0
     print_queue_table(reply.queues)
-    print(f"capacity {reply.capacity} GPUs")
+    print(f"capacity {reply.capacity} GPUs; {borrowing_text(reply)}")
+    if reply.by_size:
+        print()
+        print_size_table(reply.by_size)
     return 0
+
+
+def borrowing_text(reply: pb.ListQueuesResponse) -> str:
+    """How GPUs beyond the queues' steady shares are ordered (queues.yaml `borrowing`, docs/queues.md)."""
+    if reply.borrowing in ("", "fair"):
+        return "borrowed GPUs go to the queue furthest below its share (borrowing: fair)"
+    return (f"borrowed GPUs ordered by {reply.borrowing} across queues, "
+            f"{reply.borrowing_preemptions} borrowers preempted")
+
+
+def print_size_table(by_size: Iterable[pb.SizeClassQueueing]) -> None:
+    """Queueing delay (submit to first start) by job size, over the jobs the RM holds."""
+    table(["JOB SIZE (GPUs)", "STARTED", "AVG QUEUEING", "P99 QUEUEING", "WAITING", "LONGEST WAIT"],
+          [[c.size, c.started, format_duration(c.mean_s) if c.started else "-",
+            format_duration(c.p99_s) if c.started else "-", c.waiting,
+            format_duration(c.longest_wait_s) if c.waiting else "-"] for c in by_size])
 
 
 def print_queue_table(queues: Iterable[pb.QueueInfo]) -> None:
@@ -103,9 +153,10 @@ def print_queue_table(queues: Iterable[pb.QueueInfo]) -> None:
         rows.append([name, f"{q.weight:g}", q.min_gpus, "-" if q.max_gpus < 0 else q.max_gpus, q.steady_share,
                      q.instantaneous_share, _amount(q.used, q.used_gpus), _amount(q.pending, q.pending_gpus),
                      q.running_jobs, q.queued_jobs,
-                     q.policy if q.leaf else "", "" if q.preemptible else "no"])
+                     q.policy if q.leaf else "", "" if q.preemptible else "no",
+                     format_duration(q.below_guarantee_s) if q.leaf and q.below_guarantee_s else ""])
     table(["QUEUE", "WEIGHT", "MIN", "MAX", "STEADY", "INSTANT", "USED", "PENDING", "RUN", "QUEUED", "POLICY",
-           "PREEMPT"], rows)
+           "PREEMPT", "BELOW GUARANTEE"], rows)
 
 
 def cmd_refresh_queues(args: argparse.Namespace) -> int:
@@ -133,9 +184,9 @@ def cmd_refresh_queues(args: argparse.Namespace) -> int:
 
 def cmd_check_queues(args: argparse.Namespace) -> int:
     """Validate a queues file offline and show the steady shares it gives a cluster of N GPUs."""
+    from gpurm.common.fields import ConfigError
     from gpurm.queues.config import capacity_warnings, parse_queues
     from gpurm.queues.fairshare import compute_shares
-    from gpurm.queues.fields import ConfigError
 
     if args.capacity < 0:
         raise CliError(f"--capacity: must be at least 0, got {args.capacity}")

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpurm.cli.client import CliError
-from gpurm.queues.fields import ConfigError
-from gpurm.rm.textsafe import setup_logging
+from gpurm.cli.basics import CliError
+from gpurm.common.fields import ConfigError
+from gpurm.common.textsafe import setup_logging
 
 
 def _logging(level: str) -> None:
@@ -28,7 +28,7 @@ def _config_path(value: str | None) -> Path | None:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     from gpurm.rm.config import load_rm_config
-    from gpurm.rm.process import run_rm
+    from gpurm.rm.server.process import run_rm
 
     overrides: dict[str, Any] = {}
     if args.listen:

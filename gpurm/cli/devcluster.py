@@ -6,6 +6,10 @@ Layout of the state dir:
     rm-K/                   with --rms N: the standby RMs' (the same cluster key; one PostgreSQL store for all)
     agents/node-K/          each agent's config, log and container state (learner logs under containers/)
 Ctrl-C or SIGTERM stops the agents (which stop their containers), then the RM; anything left is killed.
+
+With --netns (root) each agent and its containers run in a network namespace of their own, `gpurm-<cluster>-<node>`,
+with an address on a bridge where the RM and its broker listen (gpurm/cli/netns.py); cluster.json lists each
+node's namespace and address. They are removed when the cluster stops, and those of a killed one at the next start.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import hashlib
 import json
 import os
 import shlex
@@ -29,16 +34,22 @@ from typing import Any
 import grpc
 import yaml
 
-from gpurm.cli.client import CliError, current_user
+from gpurm.cli import netns
+from gpurm.cli.basics import CliError
+from gpurm.cli.client import current_user
+from gpurm.common import tls
+from gpurm.common.callers import AM_PREFIX
+from gpurm.common.fields import parse_duration
+from gpurm.common.tls import NODE_PREFIX, TLSConfig, load_tls
+from gpurm.common.tokens import ClusterKeys, write_secret_file
+from gpurm.nodeagent.config import DEFAULT_ENV_PASSTHROUGH
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.queues.fields import parse_duration
-from gpurm.rm import paging, pki, tls
-from gpurm.rm.identity import AM_PREFIX
-from gpurm.rm.tls import NODE_PREFIX, TLSConfig, load_tls
-from gpurm.rm.tokens import ClusterKeys, write_secret_file
+from gpurm.rm.security import pki
+from gpurm.rm.server import paging
 
 READY_TIMEOUT_S = 60.0
+NETNS_ENV = {"GLOO_SOCKET_IFNAME": netns.NODE_IFNAME, "NCCL_SOCKET_IFNAME": netns.NODE_IFNAME}
 MAX_RMS = 5
 PR_SET_PDEATHSIG = 1
 
@@ -86,13 +97,14 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
 class DevPki:
     """`--tls`: a CA and every certificate the cluster needs, made on the fly under <state>/pki."""
 
-    def __init__(self, directory: Path, nodes: list[str], user: str) -> None:
+    def __init__(self, directory: Path, nodes: list[str], user: str, net: netns.ClusterNet | None = None) -> None:
         self.dir = directory
         ca = directory / "ca"
         pki.init_ca(ca, name="gpurm dev-cluster CA", days=30)
         hosts = ["127.0.0.1", "localhost"]
-        self.rm = pki.issue(ca, "rm", directory / "rm", hosts, days=30)
-        self.nodes = {n: pki.issue(ca, f"{NODE_PREFIX}{n}", directory / n, hosts, days=30) for n in nodes}
+        self.rm = pki.issue(ca, "rm", directory / "rm", hosts + ([net.gateway] if net else []), days=30)
+        self.nodes = {n: pki.issue(ca, f"{NODE_PREFIX}{n}", directory / n,
+                                   hosts + ([net.nodes[n].address] if net else []), days=30) for n in nodes}
         # The AMs an agent starts dial the RM with this one (they prove their job with an AM token); the agent
         # copies it into each AM's container dir for the job's user.
         self.am = pki.issue(ca, f"{AM_PREFIX}dev-cluster", directory / "am", days=30)
@@ -106,7 +118,12 @@ class DevCluster:
     def __init__(self, args: argparse.Namespace, state_dir: Path) -> None:
         self.args = args
         self.state_dir = state_dir
-        self.address = f"127.0.0.1:{args.port}"
+        # --netns: the nodes' namespaces and the bridge, made in start(); the RMs listen on the bridge.
+        self.net: netns.ClusterNet | None = None
+        self.net_name = f"d{hashlib.sha256(str(state_dir).encode()).hexdigest()[:6]}" if getattr(
+            args, "netns", False) else ""
+        self.rm_host = "127.0.0.1"
+        self.address = f"{self.rm_host}:{args.port}"
         # With --rms N, RM K (K > 1) listens on a free port and keeps its own state dir, rm-K; clients and agents
         # get every address and follow the leader.
         self.addresses = [self.address] + [f"127.0.0.1:{_free_port()}" for _ in range(getattr(args, "rms", 1) - 1)]
@@ -138,7 +155,7 @@ class DevCluster:
         rm_dir.mkdir(parents=True, exist_ok=True)
         rm_cfg: dict[str, Any] = {
             "listen": self.address, "state_dir": str(rm_dir),
-            "mqtt": {"url": a.mqtt_url} if a.mqtt_url else {"listen": "127.0.0.1:0"},
+            "mqtt": {"url": a.mqtt_url} if a.mqtt_url else {"listen": f"{self.rm_host}:0"},
             "heartbeat": {"interval": a.heartbeat, "missed_beats": a.missed_beats},
             "http": {"listen": self.http_listens[0]},
             "admins": sorted({current_user(), "root"}),
@@ -156,7 +173,7 @@ class DevCluster:
             _set_dotted(rm_cfg, key, yaml.safe_load(value))
         nodes = [f"node-{i}" for i in range(1, a.nodes + 1)]
         if getattr(a, "tls", False):
-            self.pki = DevPki(self.state_dir / "pki", nodes, current_user())
+            self.pki = DevPki(self.state_dir / "pki", nodes, current_user(), self.net)
             self.client_tls = self.pki.client_tls()
             rm_cfg["tls"] = self.pki.rm.tls_section()
         rm_path = rm_dir / "rm.yaml"
@@ -181,8 +198,9 @@ class DevCluster:
             adir = self.state_dir / "agents" / node
             adir.mkdir(parents=True, exist_ok=True)
             secret = write_secret_file(adir / "node.secret", keys.node_key(node).secret.hex())
+            host = self.net.nodes[node].address if self.net else "127.0.0.1"
             cfg: dict[str, Any] = {
-                "node_id": node, "host": "127.0.0.1", "listen": "127.0.0.1:0", "rm": ",".join(self.addresses),
+                "node_id": node, "host": host, "listen": f"{host}:0", "rm": ",".join(self.addresses),
                 "rack": rack,
                 "state_dir": str(adir), "node_secret_file": str(secret),
                 "gpus": {"fake": a.gpus_per_node, "model": "H100-80GB", "memory_mib": 81559,
@@ -191,6 +209,10 @@ class DevCluster:
                 # when the dev cluster runs as root (containers.local_user's default), else whoever started it.
                 "containers": {"stop_grace": "5s"},
             }
+            if self.net is not None:
+                # Every namespace shares this machine's hostname, which resolves to loopback: gloo and NCCL would
+                # announce 127.0.0.1 to their peers. Name the interface that carries the node's address instead.
+                cfg["containers"]["env_passthrough"] = [*DEFAULT_ENV_PASSTHROUGH, *NETNS_ENV]
             for item in getattr(a, "agent_option", []):
                 key, sep, value = item.partition("=")
                 if not sep:
@@ -209,6 +231,10 @@ class DevCluster:
         return rm_paths, agent_paths
 
     def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.state_dir / "cluster.json").unlink()   # an earlier run's (ready: true) would mislead a reader
+        if self.net_name:
+            self._make_network()
         rm_paths, agent_paths = self.write_configs()
         sys.stderr.write(self.prepare_dirs())
         for k, path in enumerate(rm_paths):
@@ -225,13 +251,33 @@ class DevCluster:
             standby.start()
         for path in agent_paths:
             node = path.parent.name
-            d = Daemon(node, self._python("agent", "--config", str(path)), path.parent / "agent.log",
-                       extra={"config": str(path), "state_dir": str(path.parent)})
+            argv = self._python("agent", "--config", str(path))
+            extra: dict[str, Any] = {"config": str(path), "state_dir": str(path.parent)}
+            if self.net is not None:
+                argv = netns.in_namespace(self.net.nodes[node].namespace,
+                                          ["env", *(f"{k}={v}" for k, v in NETNS_ENV.items()), *argv])
+                extra.update(namespace=self.net.nodes[node].namespace, address=self.net.nodes[node].address)
+            d = Daemon(node, argv, path.parent / "agent.log", extra=extra)
             d.start()
             self.agents.append(d)
         self._write_state(ready=False)
         self._wait_agents()
         self._write_state(ready=True)
+
+    def _make_network(self) -> None:
+        """The bridge and a namespace per node; the RMs move onto the bridge's address."""
+        abandoned = netns.remove_abandoned()
+        if abandoned:
+            sys.stderr.write(f"dev-cluster: removed the network a killed dev cluster left: {', '.join(abandoned)}\n")
+        netns.claim(self.net_name, os.getpid())
+        try:
+            self.net = netns.create(self.net_name, [f"node-{i}" for i in range(1, self.args.nodes + 1)])
+        except netns.NetnsError as exc:
+            netns.release(self.net_name)
+            raise CliError(f"--netns: {exc}", code=1) from None
+        self.rm_host = self.net.gateway
+        self.addresses = [f"{self.rm_host}:{a.rpartition(':')[2]}" for a in self.addresses]
+        self.address = self.addresses[0]
 
     def _wait_rm(self) -> None:
         assert self.rm is not None
@@ -303,6 +349,7 @@ class DevCluster:
             "env": self.env(), "tls": self.pki is not None,
             "pid": os.getpid(), "ready": ready, "rm_address": self.address, "state_dir": str(self.state_dir),
             "http_url": self.http_url,
+            "netns": self.net.to_json() if self.net else None,
             "rm": {"pid": self.rm.proc.pid if self.rm and self.rm.proc else 0,
                    "config": str(self.state_dir / "rm" / "rm.yaml"), "log": str(self.rm.log) if self.rm else ""},
             "rms": [{"name": d.name, "pid": d.proc.pid if d.proc else 0, **d.extra, "log": str(d.log)}
@@ -335,6 +382,8 @@ class DevCluster:
         killed = sweep_orphans(self.state_dir)
         if killed:
             sys.stderr.write(f"dev-cluster: killed {killed} leftover container process group(s)\n")
+        if self.net_name:
+            netns.release(self.net_name)
         sys.stderr.write("dev-cluster: stopped\n")
 
 
@@ -427,6 +476,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise CliError(f"--heartbeat: {exc}") from None
     if args.queues and not Path(args.queues).is_file():
         raise CliError(f"--queues: {args.queues} does not exist")
+    if getattr(args, "netns", False):
+        why = netns.root_problem()
+        if why:
+            raise CliError(f"--netns: {why}")
     rms, store = getattr(args, "rms", 1), getattr(args, "store", "")
     if not 1 <= rms <= MAX_RMS:
         raise CliError(f"--rms: 1 to {MAX_RMS}, got {rms}")

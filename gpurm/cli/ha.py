@@ -1,5 +1,5 @@
 """`gpurm admin ha status`: which RM leads a highly available pair (or more) on one PostgreSQL, since when, at
-which epoch, and how long its lease still runs. It reads the lease row itself (rm/leadership.py), so it answers
+which epoch, and how long its lease still runs. It reads the lease row itself (rm/server/leadership.py), so it answers
 when every RM is down too.
 
 Exit codes: 0 an RM leads, 1 none does (the lease is free or ran out), 2 bad input or the database cannot be
@@ -12,7 +12,7 @@ import argparse
 import json
 from datetime import datetime
 
-from gpurm.cli.client import CliError
+from gpurm.cli.basics import CliError
 
 EPILOG = """example:
   gpurm admin ha status --store postgresql://gpurm@db.cluster.internal:5432/gpurm
@@ -44,7 +44,7 @@ def _iso(t: datetime | None) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from gpurm.rm.leadership import Lease
+    from gpurm.rm.server.leadership import Lease
 
     if not args.store.startswith(("postgresql://", "postgres://")):
         raise CliError(f"--store: expected a postgresql:// URL (HA needs a PostgreSQL store), got "

@@ -13,38 +13,41 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gpurm.cli.client import RM, CliError, connect, page_size_arg
+from gpurm.cli.basics import PAGE_SIZE, CliError
+from gpurm.cli.client import RM, connect, page_size_arg
 from gpurm.cli.output import (
     JsonArray,
     Progress,
     StreamTable,
     ago,
     clock,
-    message_dict,
     print_json,
     ranges,
     span,
     table,
 )
-from gpurm.proto import gpurm_pb2 as pb
-from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.queues.fields import ConfigError, format_duration, parse_duration
-from gpurm.rm import mqtt
-from gpurm.rm.aio import stop_task, wait_set
-from gpurm.rm.brokerauth import Credentials
-from gpurm.rm.jobspec import (
+from gpurm.common.fields import ConfigError, format_duration, parse_duration
+from gpurm.common.jobspec import (
     JobSpec,
     LocalityLevel,
     LocalityMode,
     Placement,
     parse_gpus_text,
     parse_job_yaml,
+    parse_mib,
+    parse_mount,
     share_text,
     spec_to_proto,
     validate_spec,
 )
-from gpurm.rm.textsafe import escape_controls
+from gpurm.common.textsafe import escape_controls
+from gpurm.proto import gpurm_pb2 as pb
+from gpurm.proto import gpurm_pb2_grpc as pbg
+
+if TYPE_CHECKING:
+    from gpurm.common import mqtt
 
 STATE_NAMES = {v: k.removeprefix("JOB_") for k, v in pb.JobState.items()}
 TERMINAL = (pb.JOB_SUCCEEDED, pb.JOB_FAILED, pb.JOB_KILLED)
@@ -102,7 +105,9 @@ def _spec_from_args(args: argparse.Namespace) -> JobSpec:
         spec.max_retries = args.max_retries
     if args.workdir:
         spec.workdir = args.workdir
-    spec.workdir = os.path.abspath(spec.workdir or os.getcwd())
+    _container_args(args, spec)
+    if not spec.image:   # an image job's workdir is a path in its image (default: its own work dir, /gpurm/work)
+        spec.workdir = os.path.abspath(spec.workdir or os.getcwd())
     for item in args.env:
         name, sep, value = item.partition("=")
         if not sep or not name:
@@ -126,6 +131,22 @@ def _spec_from_args(args: argparse.Namespace) -> JobSpec:
     if problems:
         raise CliError("; ".join(problems))
     return spec
+
+
+def _container_args(args: argparse.Namespace, spec: JobSpec) -> None:
+    """--image, --mount (repeatable), --shm-size: over the file's."""
+    if getattr(args, "image", None):
+        spec.image = args.image
+    for item in getattr(args, "mount", None) or []:
+        try:
+            spec.mounts.append(parse_mount(item))
+        except ValueError as exc:
+            raise CliError(f"--mount: {exc}") from None
+    if getattr(args, "shm_size", None):
+        try:
+            spec.shm_size_mib = parse_mib(args.shm_size)
+        except ValueError as exc:
+            raise CliError(f"--shm-size: {exc}") from None
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -199,7 +220,6 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 
 JOB_HEADERS = ["JOB", "NAME", "USER", "QUEUE", "STATE", "GPUS", "ATT", "TIME", "INFO"]
-PAGE_SIZE = 500           # jobs a ListJobs page asks for; each page is printed as it comes
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
@@ -211,13 +231,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     states = [pb.JobState.Name(pb.JobState.Value(f"JOB_{s}")) for s in args.state]
     limit = args.limit
     request = pb.ListJobsRequest(states=states, queue=args.queue or "", user=args.user or "", limit=limit,
-                                 page_size=min(limit, size) if limit else size)
+                                 page_size=min(limit, size) if limit else size, name=getattr(args, "name", "") or "")
     pages = rm.pages(rm.client.ListJobs, request, limit)
     if args.output == "json":
         with JsonArray() as out:
             for reply in pages:
-                for j in reply.jobs[:limit - out.count if limit else None]:
-                    out.add(message_dict(j))
+                out.extend(reply.jobs[:limit - out.count if limit else None])
         return 0
     now = time.time()
     shown = 0
@@ -229,7 +248,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         shown += len(jobs)
         preemptible = preemptible or any(j.preemptible for j in jobs)
     if not shown:
-        print("no jobs" + (" match" if (states or args.queue or args.user) else " yet: "
+        print("no jobs" + (" match" if (states or args.queue or args.user or getattr(args, "name", "")) else " yet: "
                            "submit one with `gpurm submit --gpus 1 -- CMD`"))
         return 0
     if preemptible:
@@ -237,21 +256,26 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+_SPREAD = Placement.SPREAD.value
+
+
 def job_row(j: pb.Job, now: float) -> list[object]:
-    attempt = j.attempts[-1].attempt if j.attempts else 0
-    if j.state in TERMINAL:
-        elapsed = span(j.start_ms, j.finish_ms, now) if j.start_ms else "-"
-    elif j.state == pb.JOB_RUNNING:
-        elapsed = span(j.start_ms, 0, now)
+    attempts = j.attempts
+    attempt = attempts[-1].attempt if attempts else 0
+    state = j.state
+    spec = j.spec
+    if state in TERMINAL:
+        start_ms = j.start_ms
+        elapsed = span(start_ms, j.finish_ms, now) if start_ms else "-"
+        info = j.diagnostics
+        if state == pb.JOB_FAILED and j.exit_code:
+            info = f"exit {j.exit_code}: {info}"
     else:
-        elapsed = "wait " + span(j.submit_ms, 0, now)
-    info = j.diagnostics if j.state in TERMINAL else j.waiting_reason
-    if j.state == pb.JOB_FAILED and j.exit_code:
-        info = f"exit {j.exit_code}: {info}"
-    gpus = gpus_text(j.spec) + ("*" if j.preemptible else "") + \
-        (" spread" if j.spec.placement == Placement.SPREAD.value else "")
-    return [j.job_id, j.spec.name or "-", j.user, j.queue.removeprefix("root."), state_name(j.state), gpus,
-            attempt or "-", elapsed, info]
+        elapsed = span(j.start_ms, 0, now) if state == pb.JOB_RUNNING else "wait " + span(j.submit_ms, 0, now)
+        info = j.waiting_reason
+    gpus = gpus_text(spec) + ("*" if j.preemptible else "") + (" spread" if spec.placement == _SPREAD else "")
+    return [j.job_id, spec.name or "-", j.user, j.queue.removeprefix("root."), STATE_NAMES.get(state, "UNKNOWN"),
+            gpus, attempt or "-", elapsed, info]
 
 
 # ---------------------------------------------------------------- status
@@ -319,7 +343,11 @@ def render_status(job: pb.Job, now: float | None = None) -> str:
     beyond = "  PREEMPTIBLE (runs beyond its queue's share)" if job.preemptible else ""
     field("gpus", f"{gpus_text(spec)}{held}{beyond}")
     field("command", cmd)
-    field("workdir", spec.workdir or "-")
+    field("workdir", spec.workdir or ("/gpurm/work (in its image)" if spec.image else "-"))
+    if spec.image:
+        mounts = ", ".join(f"{m.source}:{m.target}:{'rw' if m.writable else 'ro'}" for m in spec.mounts)
+        shm = f"; /dev/shm {spec.shm_size_mib} MiB" if spec.shm_size_mib else ""
+        field("image", f"{spec.image}{'; mounts ' + mounts if mounts else ''}{shm}")
     field("locality", describe_locality(spec.locality))
     field("placement", describe_placement(spec))
     field("submitted", f"{clock(job.submit_ms)} ({ago(job.submit_ms, now)} ago)")
@@ -571,6 +599,9 @@ async def _follow(rm: RM, args: argparse.Namespace) -> int:
     authorises the read) every FOLLOW_POLL_S, from each log's offset, so every byte is printed once. The job's
     retained state on gpurm/jobs/<job> (read-only broker login from GetClusterInfo) wakes the loop early when the
     job changes; without a broker it just polls."""
+    from gpurm.common.aio import stop_task, wait_set  # here: the other commands need no asyncio helpers
+    from gpurm.common.mqtt import Credentials  # nor an MQTT client
+
     info = rm.call(rm.client.GetClusterInfo, pb.ClusterInfoRequest())
     wake = asyncio.Event()
     listener = None
@@ -609,8 +640,10 @@ async def _follow(rm: RM, args: argparse.Namespace) -> int:
         await stop_task(listener)
 
 
-async def _listen(url: str, credentials: Credentials, job_id: str, wake: asyncio.Event) -> None:
+async def _listen(url: str, credentials: mqtt.Credentials, job_id: str, wake: asyncio.Event) -> None:
     """Set `wake` whenever the job's state changes (its retained message on gpurm/jobs/<job>)."""
+    from gpurm.common import mqtt
+
     with contextlib.suppress(Exception):
         async with mqtt.client(url, credentials) as c:
             await c.subscribe(mqtt.TOPIC_JOB.format(job_id=job_id), qos=1)

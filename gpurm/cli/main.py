@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from gpurm.cli.client import CliError
+from gpurm.cli.basics import PAGE_SIZE, CliError
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -45,9 +46,24 @@ def _sub(subs: argparse._SubParsersAction, name: str, help_text: str, example: s
                            formatter_class=Formatter, epilog=f"example:\n{example}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from gpurm.cli import acct, broker, cluster, completion, daemons, devcluster, jobs, sim
-    from gpurm.cli import admin as admin_cli
+def _lazy(module: str, name: str) -> Command:
+    """The command `name` of gpurm.cli.`module`, imported when it runs: a command loads only its own module (and
+    what that imports), so `gpurm status` does not pay for the simulator, the PKI or the daemons."""
+    def run(args: argparse.Namespace) -> int:
+        func: Command = getattr(importlib.import_module(f"gpurm.cli.{module}"), name)
+        return func(args)
+    run.__qualname__ = run.__name__ = name
+    return run
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole `gpurm` parser; with `command` (main() passes argv's first word), every command is listed but only
+    that one gets its arguments, whose building imports that command's module (acct, admin, sim)."""
+    def want(name: str) -> bool:
+        return command is None or command == name
+
+    def example(module: str) -> str:   # a command's examples live in its module: for its own --help only
+        return str(importlib.import_module(f"gpurm.cli.{module}").EXAMPLE) if want(module) else ""
 
     parser = argparse.ArgumentParser(
         prog="gpurm", formatter_class=Formatter,
@@ -62,9 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
              "  gpurm submit --gpus 2 --queue research.nlp --name probe -- python train.py --lr 3e-4\n"
              "  JOB=$(gpurm submit --gpus 1 --wait -- ./eval.sh)\n"
              "  gpurm submit --gpus 4 --placement spread -- ./serve.sh   # 4 servers, 1 GPU each\n"
-             "  gpurm submit --gpus 0.25 -- python sweep.py --trial 7   # a quarter of one shared GPU")
-    p.add_argument("file", nargs="?", help="job file (YAML: name, queue, gpus, command, workdir, env, "
-                                           "max_retries, locality, placement); see docs/jobs.md")
+             "  gpurm submit --gpus 0.25 -- python sweep.py --trial 7   # a quarter of one shared GPU\n"
+             "  gpurm submit --gpus 8 --image team/torch:2.3 --mount /data --shm-size 8g -- python train.py")
+    p.add_argument("file", nargs="?", help="job file (YAML: name, queue, gpus, command, workdir, env, max_retries, "
+                                           "locality, placement, image, mounts, shm_size); see docs/jobs.md")
     p.add_argument("--gpus", help="GPUs for the job; MIN:MAX for an elastic job that grows and shrinks "
                    "between them, e.g. 4:16; or a fraction below 1, e.g. 0.5, for a share of one GPU that other "
                    "small jobs share too (overrides the file)")
@@ -73,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-retries", type=int, help="failed attempts to retry (default 3)")
     p.add_argument("--workdir", help="directory the command runs in (default: the current directory)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="set a variable (repeatable)")
+    p.add_argument("--image", help="run the learners in this OCI image (podman / docker on the servers), e.g. "
+                                   "registry.example/team/torch:2.3; --workdir is then a path in the image")
+    p.add_argument("--mount", action="append", metavar="SRC[:DST][:ro|rw]",
+                   help="image jobs: a host path the server allows (agent.yaml containers.mounts_allowed) in the "
+                        "container, read-only unless :rw (repeatable)")
+    p.add_argument("--shm-size", metavar="SIZE", help="image jobs: /dev/shm size, e.g. 8g (default: the engine's)")
     p.add_argument("--locality-timeout", metavar="DURATION", help="how long to wait at a locality level (60s)")
     p.add_argument("--backoff-base", metavar="DURATION", help="first back-off before relaxing locality (10s)")
     p.add_argument("--backoff-max", metavar="DURATION", help="longest back-off (10m)")
@@ -85,31 +108,34 @@ def build_parser() -> argparse.ArgumentParser:
                         "and racks as possible (e.g. --gpus 4 --placement spread: 4 servers, 1 GPU each)")
     p.add_argument("--wait", action="store_true", help="wait for the job to end, showing progress; exit 0 only if "
                                                       "it succeeded")
-    p.set_defaults(func=jobs.cmd_submit)
+    p.set_defaults(func=_lazy("jobs", "cmd_submit"))
 
     p = _sub(subs, "wait", "wait for jobs to end; exit 0 only if all succeeded",
              "  gpurm wait job-3 job-4\n  gpurm wait job-3 --timeout 600 -o json")
     p.add_argument("jobs", nargs="+", metavar="JOB", help="job ids")
     p.add_argument("--timeout", type=float, default=0, help="give up after this many seconds (exit 1)")
-    p.set_defaults(func=jobs.cmd_wait)
+    p.set_defaults(func=_lazy("jobs", "cmd_wait"))
 
     p = _sub(subs, "jobs", "list jobs (oldest first; fetched and printed a page at a time)",
              "  gpurm jobs\n  gpurm jobs --state RUNNING --queue research.nlp\n  gpurm jobs --limit 0 --user alice\n"
              "  gpurm jobs -o json | jq '.[].job_id'\n"
+             "  gpurm jobs --all --name 'sweep-*' --state FAILED   # every matching job, finished ones too\n"
              "  gpurm jobs --rm rm-a:7070,rm-b:7070    # an active/standby pair: the leader answers")
     p.add_argument("--state", action="append", default=[], type=str.upper,
                    choices=("QUEUED", "ALLOCATING", "RUNNING", "SUCCEEDED", "FAILED", "KILLED"),
                    help="only jobs in this state (repeatable)")
     p.add_argument("--queue", help="only jobs of this queue")
     p.add_argument("--user", help="only jobs of this user")
+    p.add_argument("--name", metavar="PATTERN", help="only jobs whose name matches this glob ('sweep-*')")
     p.add_argument("--limit", type=int, default=200, help="the most recent N matching jobs (default 200; 0: all)")
-    p.add_argument("--page-size", type=int, default=jobs.PAGE_SIZE, help="jobs per RM request (1-5000)")
-    p.set_defaults(func=jobs.cmd_jobs)
+    p.add_argument("--all", action="store_const", const=0, dest="limit", help="every matching job (--limit 0)")
+    p.add_argument("--page-size", type=int, default=PAGE_SIZE, help="jobs per RM request (1-5000)")
+    p.set_defaults(func=_lazy("jobs", "cmd_jobs"))
 
     p = _sub(subs, "status", "show a job: state, attempts, placement, diagnostics",
              "  gpurm status job-3\n  gpurm status job-3 -o json")
     p.add_argument("job", help="job id, e.g. job-3")
-    p.set_defaults(func=jobs.cmd_status)
+    p.set_defaults(func=_lazy("jobs", "cmd_status"))
 
     p = _sub(subs, "logs", "print a job's learner (or AM) output",
              "  gpurm logs job-3            # every rank, prefixed\n  gpurm logs job-3 --rank 1 -f\n"
@@ -119,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attempt", type=int, default=0, help="attempt number (default: the latest)")
     p.add_argument("--am", action="store_true", help="the AM's log instead of the learners'")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
-    p.set_defaults(func=jobs.cmd_logs)
+    p.set_defaults(func=_lazy("jobs", "cmd_logs"))
 
     p = _sub(subs, "kill", "kill jobs (by id, or picked by user / queue / state) and wait until their processes "
              "are gone",
@@ -134,28 +160,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-y", "--yes", action="store_true", help="kill what the selectors pick without asking")
     p.add_argument("--reason", default="", help="recorded in the job's diagnostics")
     p.add_argument("--no-wait", action="store_true", help="return at once instead of waiting for the processes")
-    p.set_defaults(func=jobs.cmd_kill)
+    p.set_defaults(func=_lazy("jobs", "cmd_kill"))
 
     p = _sub(subs, "scale", "set the size an elastic job (--gpus MIN:MAX) grows or shrinks to",
              "  gpurm scale job-3 8       # job-3 was submitted with --gpus 4:16\n"
              "  gpurm scale job-3 4 -o json")
     p.add_argument("job", help="job id of an elastic job")
     p.add_argument("gpus", type=int, help="its new size, between the job's min and max GPUs")
-    p.set_defaults(func=jobs.cmd_scale)
+    p.set_defaults(func=_lazy("jobs", "cmd_scale"))
 
     p = _sub(subs, "acct", "accounting: GPU-hours, job counts, queueing time and outcomes of finished jobs, per user, "
-             "queue and/or day", acct.EXAMPLE, common=False)
-    acct.add_arguments(p)
-    p.set_defaults(func=acct.cmd_acct)
+             "queue and/or day", example("acct"), common=False)
+    if want("acct"):
+        from gpurm.cli import acct
+        acct.add_arguments(p)
+    p.set_defaults(func=_lazy("acct", "cmd_acct"))
 
-    p = _sub(subs, "nodes", "list nodes by id: rack, GPUs free/total, state (fetched and printed a page at a time)",
-             "  gpurm nodes\n  gpurm nodes --limit 20\n  gpurm nodes -o json | jq '.[].node_id'")
-    p.add_argument("--limit", type=int, default=0, help="the first N nodes by id (default 0: all)")
-    p.add_argument("--page-size", type=int, default=cluster.PAGE_SIZE, help="nodes per RM request (1-5000)")
-    p.set_defaults(func=cluster.cmd_nodes)
+    p = _sub(subs, "nodes", "list nodes by id: rack, GPUs free/total, state (fetched and printed a page at a time; "
+             "the RM applies the filters)",
+             "  gpurm nodes\n  gpurm nodes --limit 20\n  gpurm nodes -o json | jq '.[].node_id'\n"
+             "  gpurm nodes --rack rack-7 --free 8          # whole free servers in one rack\n"
+             "  gpurm nodes --state LOST --state UNHEALTHY  # what needs a look\n"
+             "  gpurm nodes --model 'H100*' --name 'gpu-1*'")
+    p.add_argument("--limit", type=int, default=0, help="the first N matching nodes by id (default 0: all)")
+    p.add_argument("--state", action="append", default=[], type=str.upper,
+                   choices=("RUNNING", "UNHEALTHY", "LOST", "DRAINING", "DECOMMISSIONED"),
+                   help="only nodes in this state (repeatable)")
+    p.add_argument("--rack", help="only nodes of this rack (or InfiniBand domain)")
+    p.add_argument("--model", help="only nodes with a GPU of this model (a glob: 'H100*')")
+    p.add_argument("--free", type=int, default=0, metavar="N", help="only nodes with at least N free GPUs")
+    p.add_argument("--name", metavar="PATTERN", help="only node ids matching this glob ('gpu-1*', 'node-0[1-3]')")
+    p.add_argument("--page-size", type=int, default=PAGE_SIZE, help="nodes per RM request (1-5000)")
+    p.set_defaults(func=_lazy("cluster", "cmd_nodes"))
 
     p = _sub(subs, "queues", "show the queue tree: shares, usage, demand", "  gpurm queues")
-    p.set_defaults(func=cluster.cmd_queues)
+    p.set_defaults(func=_lazy("cluster", "cmd_queues"))
 
     admin = subs.add_parser("admin", help="operator commands (queues, draining, security)", formatter_class=Formatter,
                             description="operator commands", epilog="example:\n  gpurm admin drain node-3\n"
@@ -166,30 +205,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = _sub(asubs, "refresh-queues", "load a new queue config into the running RM (all-or-nothing)",
              "  gpurm admin refresh-queues configs/queues.yaml\n  gpurm admin refresh-queues   # reread the RM's file")
     p.add_argument("file", nargs="?", help="queues YAML (default: the file the RM was started with)")
-    p.set_defaults(func=cluster.cmd_refresh_queues)
+    p.set_defaults(func=_lazy("cluster", "cmd_refresh_queues"))
     p = _sub(asubs, "check-queues", "validate a queue config offline and show each queue's steady share",
              "  gpurm admin check-queues configs/queues.yaml --capacity 512 -o json")
     p.add_argument("file", help="queues YAML")
     p.add_argument("--capacity", type=int, required=True, help="cluster size in GPUs")
-    p.set_defaults(func=cluster.cmd_check_queues)
+    p.set_defaults(func=_lazy("cluster", "cmd_check_queues"))
     p = _sub(asubs, "drain", "stop offering a node's GPUs (running work continues)",
              "  gpurm admin drain node-3\n  gpurm admin drain node-3 --undo")
     p.add_argument("node", help="node id")
     p.add_argument("--undo", action="store_true", help="offer the node's GPUs again")
-    p.set_defaults(func=cluster.cmd_drain)
-    admin_cli.add_parsers(asubs, _sub)
-    broker.add_broker_parser(asubs)
-    from gpurm.cli.store import add_store_parser
-    add_store_parser(asubs)
-    from gpurm.cli.ha import add_ha_parser
-    add_ha_parser(asubs)
+    p.set_defaults(func=_lazy("cluster", "cmd_drain"))
+    if want("admin"):
+        from gpurm.cli import admin as admin_cli
+        from gpurm.cli import broker
+        from gpurm.cli.ha import add_ha_parser
+        from gpurm.cli.store import add_store_parser
+        admin_cli.add_parsers(asubs, _sub)
+        broker.add_broker_parser(asubs)
+        add_store_parser(asubs)
+        add_ha_parser(asubs)
     admin.set_defaults(func=lambda a: _missing_sub(admin))
 
     p = _sub(subs, "completion", "print a shell completion script (commands, flags, choices, job ids)",
              "  eval \"$(gpurm completion bash)\"     # in ~/.bashrc\n"
              "  eval \"$(gpurm completion zsh)\"      # in ~/.zshrc", common=False)
     p.add_argument("shell", choices=("bash", "zsh"))
-    p.set_defaults(func=completion.cmd_completion)
+    p.set_defaults(func=_lazy("completion", "cmd_completion"))
 
     p = _sub(subs, "version", "print the client's version, the Python it runs on, whether its compiled build is in "
              "use, and the RM's version",
@@ -207,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", help="where the RM keeps its store and key (overrides the file)")
     p.add_argument("--mqtt-url", help="external broker mqtt://HOST:PORT (default: run an embedded one)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
-    p.set_defaults(func=daemons.cmd_rm)
+    p.set_defaults(func=_lazy("daemons", "cmd_rm"))
 
     p = _sub(subs, "agent", "run a node agent on this GPU server",
              "  gpurm agent --config configs/agent.yaml\n"
@@ -224,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--discover", action="store_true",
                    help="print the GPUs and topology the provider finds (NVML without --config) and exit")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table", help="with --discover")
-    p.set_defaults(func=daemons.cmd_agent)
+    p.set_defaults(func=_lazy("daemons", "cmd_agent"))
 
     p = _sub(subs, "dev-cluster", "run an RM and agents with fake GPUs on this machine (Ctrl-C stops all)",
              "  gpurm dev-cluster --nodes 4 --gpus-per-node 8 --racks 2\n"
@@ -232,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
              "  gpurm dev-cluster --tls   # mTLS with certificates made on the fly\n"
              "  gpurm dev-cluster --http-port 0   # the web UI on a free port (it prints the URL)\n"
              "  gpurm dev-cluster --agent-option telemetry.container_interval=1s   # usage series every second\n"
-             "  gpurm dev-cluster --rms 2 --store postgresql://gpurm@127.0.0.1:5432/gpurm   # a leader and a standby",
+             "  gpurm dev-cluster --rms 2 --store postgresql://gpurm@127.0.0.1:5432/gpurm   # a leader and a standby\n"
+             "  sudo gpurm dev-cluster --netns --nodes 3   # each agent in a network namespace, its own address",
              common=False)
     p.add_argument("--nodes", type=int, default=4, help="agents to start (default 4)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="fake GPUs per agent (default 8)")
@@ -244,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mqtt-url", help="use this broker instead of the RM's embedded one")
     p.add_argument("--nvlink-islands", type=int, default=1, help="NVLink islands per fake server (default 1)")
     p.add_argument("--heartbeat", default="1s", help="agent heartbeat interval (default 1s)")
-    p.add_argument("--missed-beats", type=int, default=5, help="missed beats before a node is LOST (default 5)")
+    p.add_argument("--missed-beats", type=int, default=10,
+                   help="missed beats before a node is LOST (default 10; its agent fences itself before that)")
     p.add_argument("--queues", help="queues YAML for the RM (default: one `default` queue)")
     p.add_argument("--rm-option", action="append", default=[], metavar="KEY=VALUE",
                    help="extra rm.yaml setting, dotted (e.g. am.liveness_timeout=20s); repeatable")
@@ -256,15 +300,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", metavar="URL", default="",
                    help="the RMs' store: sqlite:///PATH or postgresql://USER@HOST:PORT/DB (default: a SQLite file in "
                         "the RM's state dir)")
+    p.add_argument("--netns", action="store_true",
+                   help="(root) run each agent and its jobs in a network namespace of its own, gpurm-CLUSTER-NODE, "
+                        "with its own address on a bridge where the RM listens; cluster.json lists them")
     p.add_argument("--rms", type=int, default=1,
                    help="RMs to run on the one --store (postgresql:// needed for 2 or more): one leads, the others "
                         "stand by and take over; the dev cluster restarts any that exits (default 1)")
-    p.set_defaults(func=devcluster.cmd_dev_cluster)
+    p.set_defaults(func=_lazy("devcluster", "cmd_dev_cluster"))
 
-    p = _sub(subs, "sim", "replay a workload trace through the real scheduler on a virtual clock", sim.EXAMPLE,
+    p = _sub(subs, "sim", "replay a workload trace through the real scheduler on a virtual clock", example("sim"),
              common=False)
-    sim.add_arguments(p)
-    p.set_defaults(func=sim.cmd_sim)
+    if want("sim"):
+        from gpurm.cli import sim
+        sim.add_arguments(p)
+    p.set_defaults(func=_lazy("sim", "cmd_sim"))
 
     return parser
 
@@ -319,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args_list and args_list[0] == "submit" and "--" in args_list:
         cut = args_list.index("--")
         args_list, command = args_list[:cut], args_list[cut + 1:]
-    parser = build_parser()
+    parser = build_parser(args_list[0] if args_list and not args_list[0].startswith("-") else "")
     args = parser.parse_args(args_list)
     args.command_argv = command
     if not getattr(args, "func", None):

@@ -7,19 +7,23 @@ import sys
 import time
 from pathlib import Path
 
-from gpurm.cli.client import CliError
+from gpurm.cli.basics import CliError
 from gpurm.cli.output import print_json, table
-from gpurm.queues.fields import format_duration, parse_duration
-from gpurm.queues.tree import Policy
-from gpurm.sim.engine import RelaxPolicy
+from gpurm.common.fields import format_duration, parse_duration
+from gpurm.queues.tree import Borrowing, Policy
+from gpurm.rm.sched.history import DEFAULT_CONDITIONING, LEVELS
+from gpurm.rm.sched.prior import PriorError, load_prior
+from gpurm.rm.state.messages import RESERVATIONS
 from gpurm.sim.metrics import LOCALITY_CLASSES, SIZE_CLASSES
+from gpurm.sim.options import RelaxPolicy
 from gpurm.sim.run import SimInputError, SimRequest, run
 from gpurm.sim.runtime import RuntimeModel
 from gpurm.sim.trace import FORMATS, TraceError, split_window
 
 EXAMPLE = ("  gpurm sim --trace jobs-2017-10-02_to_10-15.csv --format philly-csv --cluster 8x8x8 --out /tmp/sim-fifo\n"
-           "  gpurm sim --trace jobs.csv --format philly-csv --cluster 8x8x8 --policy las --queues configs/queues.yaml"
-           " \\\n      --window 2017-10-03,2017-10-05 --failures 0.5 --seed 7 --out /tmp/sim-las -o json")
+           "  gpurm sim --trace jobs.csv --format philly-csv --cluster 8x8x8 --policy las --borrowing las"
+           " --queues configs/queues.yaml \\\n      --window 2017-10-03,2017-10-05 --failures 0.5 --seed 7"
+           " --out /tmp/sim-las -o json")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,6 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", choices=[p.value for p in Policy],
                    help="every leaf's policy: fifo, las (Tiresias 2D-LAS, preempting inside a queue) or srtf (the "
                         "oracle: shortest remaining GPU-time first); default: the queue config's, else fifo")
+    p.add_argument("--borrowing", choices=[b.value for b in Borrowing],
+                   help="how GPUs beyond a queue's steady share are ordered across queues: fair (YARN: the queue "
+                        "furthest below its share) or a policy (las, gittins, srtf) ranking every such job "
+                        "cluster-wide, preempting worse-ranked borrowers; default: the queue config's `borrowing`, "
+                        "else fair (docs/queues.md)")
     p.add_argument("--window", metavar="START,END", help="only jobs submitted in [START, END): dates "
                    "(2017-10-03 or '2017-10-03 12:00') for traces with dates, or offsets from the first submission "
                    "(0,2d or 6h,); either side may be empty")
@@ -61,6 +70,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(docs/sim.md); default 0")
     p.add_argument("--elastic-max", type=float, default=2.0, metavar="K",
                    help="with --elastic-share: an elastic job grows up to K times its GPUs (default 2)")
+    p.add_argument("--reservations", type=int, default=RESERVATIONS, metavar="N",
+                   help="reservations held at once for waiting jobs no placement fits, so that no job size starves "
+                        f"(rm.yaml scheduler.reservations; 0: none); default {RESERVATIONS}")
+    p.add_argument("--reserve-after", metavar="DURATION",
+                   help="a waiting job may get a reservation once it has waited this long (rm.yaml "
+                        "scheduler.reserve_after; e.g. 10m); default 0")
+    p.add_argument("--history-by", choices=list(LEVELS), default=DEFAULT_CONDITIONING, metavar="LEVEL",
+                   help="what run-time estimates and gittins condition on: none, gpus, queue (and GPUs) or full "
+                        f"(user and job name, then queue and GPUs; rm.yaml scheduler.history.group_by); default "
+                        f"{DEFAULT_CONDITIONING}")
+    p.add_argument("--history-prior", metavar="FILE",
+                   help="a CSV of finished jobs the history starts from (gpus and duration_s or size_gpu_s; "
+                        "queue, user, name optional; a jobs.csv of an earlier run serves): rm.yaml "
+                        "scheduler.history.prior")
     p.add_argument("--out", required=True, metavar="DIR", help="where summary.json, jobs.csv and the plots go")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots (faster)")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table",
@@ -74,14 +97,24 @@ def cmd_sim(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     checkpoint = _duration_flag("--checkpoint-interval", args.checkpoint_interval)
     restart = _duration_flag("--restart-cost", args.restart_cost)
+    reserve_after = _duration_flag("--reserve-after", args.reserve_after)
+    if args.reservations < 0:
+        raise CliError(f"--reservations: must be 0 or more, got {args.reservations}")
+    try:
+        prior = load_prior(Path(args.history_prior)) if args.history_prior else ()
+    except PriorError as exc:
+        raise CliError(f"--history-prior: {exc}") from None
     req = SimRequest(trace=Path(args.trace), fmt=args.format, cluster=args.cluster, out=Path(args.out),
                      queues=Path(args.queues) if args.queues else None,
-                     policy=Policy(args.policy) if args.policy else None, window=window,
+                     policy=Policy(args.policy) if args.policy else None,
+                     borrowing=Borrowing(args.borrowing) if args.borrowing else None, window=window,
                      failures_per_1000_gpu_h=args.failures, seed=args.seed, plots=not args.no_plots,
                      runtime_model=RuntimeModel(args.runtime_model),
                      runtime_config=Path(args.runtime_config) if args.runtime_config else None,
                      checkpoint_interval_s=checkpoint, restart_cost_s=restart, relax=RelaxPolicy(args.relax),
-                     elastic_share=args.elastic_share, elastic_max=args.elastic_max)
+                     elastic_share=args.elastic_share, elastic_max=args.elastic_max,
+                     reservations=args.reservations, reserve_after_s=reserve_after or 0.0,
+                     history_by=args.history_by, history_prior=prior)
     if req.plots:
         missing = plotting_missing()
         if missing:      # before the replay, which may take minutes, not after it
@@ -170,6 +203,15 @@ def _runtime_line(s: dict[str, object]) -> str:
             f"restart {format_duration(float(runtime['restart_cost_s']))})")
 
 
+def _borrowing_line(s: dict[str, object]) -> str:
+    b = s.get("borrowing")
+    if not isinstance(b, dict):
+        return "-"
+    if b.get("policy") == "fair":
+        return "fair (the queue furthest below its share)"
+    return f"{b.get('policy')} ({b.get('preemptions')} borrowers preempted)"
+
+
 def _fairness_line(s: dict[str, object]) -> str:
     f = s.get("fairness")
     if not isinstance(f, dict) or not f.get("worst_queue"):
@@ -189,6 +231,7 @@ def _print_summary(s: dict[str, object]) -> None:
         ["GPU utilization", _num(s["gpu_utilization"], "")],
         ["locality", _num(s["locality"], "")],
         ["preemptions / retries", f"{s['preemptions']} / {s['retries']}"],
+        ["borrowed GPUs ordered by", _borrowing_line(s)],
         ["run-time model", _runtime_line(s)],
         ["mean placement slowdown", _num(s["mean_slowdown"], "")],
         ["GPU-hours lost: preemption / failures",
@@ -203,12 +246,18 @@ def _print_summary(s: dict[str, object]) -> None:
     assert isinstance(by_size, dict)
     print()
     table(["JOB SIZE (GPUs)", *SIZE_CLASSES], [["avg queueing", *(_num(by_size[c]) for c in SIZE_CLASSES)]])
-    by_class, packed = s["queue_by_class"], s["locality_by_size"]
-    assert isinstance(by_class, dict) and isinstance(packed, dict)
+    by_class, p99, ratio = s["queue_by_class"], s["queue_p99_by_class"], s["queue_ratio_by_class"]
+    packed, counts = s["locality_by_size"], s["jobs_by_class"]
+    assert isinstance(by_class, dict) and isinstance(packed, dict) and isinstance(p99, dict)
+    assert isinstance(ratio, dict) and isinstance(counts, dict)
+    classes = ("1", *LOCALITY_CLASSES)
     print()
-    table(["MULTI-GPU JOBS (GPUs)", *LOCALITY_CLASSES],
-          [["on the fewest servers", *(_share(packed[c]) for c in LOCALITY_CLASSES)],
-           ["avg queueing", *(_num(by_class[c]) for c in LOCALITY_CLASSES)]])
+    table(["JOBS BY SIZE (GPUs)", *classes],
+          [["finished", *(counts[c] for c in classes)],
+           ["avg queueing", *(_num(by_class[c]) for c in classes)],
+           ["p99 queueing", *(_num(p99[c]) for c in classes)],
+           ["avg queueing / one-GPU's", *("-" if ratio[c] is None else f"{ratio[c]:.1f}x" for c in classes)],
+           ["on the fewest servers", "", *(_share(packed[c]) for c in LOCALITY_CLASSES)]])
     per_queue = s["per_queue"]
     assert isinstance(per_queue, dict)
     print()

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from gpurm.cli.client import CliError
+from gpurm.cli.basics import CliError
 
 EPILOG = """example:
   gpurm admin store check --state-dir /var/lib/gpurm/rm
@@ -67,7 +67,7 @@ def _missing(parser: argparse.ArgumentParser) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from gpurm.rm.storeadmin import StoreAdminError, check_store, check_url
+    from gpurm.rm.storage.admin import StoreAdminError, check_store, check_url
 
     try:
         result = check_url(args.url) if args.url else check_store(Path(args.state_dir))
@@ -92,7 +92,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
-    from gpurm.rm.storeadmin import StoreAdminError, backup_store, backup_url
+    from gpurm.rm.storage.admin import StoreAdminError, backup_store, backup_url
 
     try:
         if args.url:
@@ -108,7 +108,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from gpurm.rm.storeadmin import StoreAdminError, restore_store, restore_url
+    from gpurm.rm.storage.admin import StoreAdminError, restore_store, restore_url
 
     try:
         if args.url:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import yaml
 
+from gpurm.common.textsafe import setup_logging
 from gpurm.nodeagent.config import AgentConfig, ConfigError, load_agent_config
 from gpurm.nodeagent.daemon import EXIT_CONFIG, main
 from gpurm.nodeagent.gpus import GpuDiscoveryError
-from gpurm.rm.textsafe import setup_logging
 
 log = logging.getLogger("gpurm.nodeagent")
 

@@ -16,6 +16,13 @@ from typing import Any
 
 import yaml
 
+from gpurm.common.fields import ConfigError, Problems, Reader, parse_address
+from gpurm.common.limits import ServerLimits, read_limits
+from gpurm.common.retry import AGENT_POLICY, RetryPolicy
+from gpurm.common.rmlist import parse_rm_list
+from gpurm.common.tls import TLSConfig, load_tls, read_tls_section
+from gpurm.common.tokens import TokenKey, parse_node_secret
+from gpurm.nodeagent.engine import EngineConfig, read_engine_config
 from gpurm.nodeagent.identity import (
     DEFAULT_BANNED_USERS,
     DEFAULT_MIN_UID,
@@ -25,12 +32,6 @@ from gpurm.nodeagent.identity import (
     agent_user,
 )
 from gpurm.nodeagent.sweep import DEFAULT_KEEP_S, NEVER
-from gpurm.queues.fields import ConfigError, Problems, Reader, parse_address
-from gpurm.rm.limits import ServerLimits, read_limits
-from gpurm.rm.retry import AGENT_POLICY, RetryPolicy
-from gpurm.rm.rmlist import parse_rm_list
-from gpurm.rm.tls import TLSConfig, load_tls, read_tls_section
-from gpurm.rm.tokens import TokenKey, parse_node_secret
 
 __all__ = [
     "DEFAULT_ENV_PASSTHROUGH",
@@ -97,6 +98,7 @@ class ContainerConfig:
     banned_users: tuple[str, ...] = DEFAULT_BANNED_USERS
     local_user: str = ""                       # insecure mode's user when the agent is root ('' = nobody)
     keep_finished_s: float = DEFAULT_KEEP_S    # dirs of containers ended longer ago are removed (NEVER: kept)
+    engine: EngineConfig = field(default_factory=EngineConfig)  # image jobs' OCI engine (engine.py)
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ class AgentConfig:
 
     @property
     def rm_list(self) -> tuple[str, ...]:
-        """The RMs to dial, in order (the agent follows the leader among them; gpurm.rm.rmlist)."""
+        """The RMs to dial, in order (the agent follows the leader among them; gpurm.common.rmlist)."""
         return parse_rm_list(self.rm)
 
     @property
@@ -424,11 +426,12 @@ def _containers(c: Reader, euid: int) -> ContainerConfig:
             c.error("keep_finished", f"at least 1h (logs of recent jobs stay readable), or never; got "
                                      f"{keep_finished:g}s")
             keep_finished = DEFAULT_KEEP_S
+    engine = read_engine_config(c)
     c.reject_unknown()
     return ContainerConfig(stop_grace_s=grace, keep_on_shutdown=keep, env_passthrough=tuple(passthrough),
                            log_poll_s=poll, log_max_size=log_max_size, log_keep=log_keep, run_as=run_as,
                            cgroup_root=cgroup_root, min_uid=min_uid, banned_users=banned, local_user=local,
-                           keep_finished_s=keep_finished)
+                           keep_finished_s=keep_finished, engine=engine)
 
 
 def _identity(c: Reader, run_as: RunAsMode, euid: int) -> tuple[int, tuple[str, ...], str]:

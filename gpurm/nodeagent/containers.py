@@ -28,8 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpurm.common.aio import stop_tasks, wait_set
+from gpurm.common.gpus import WHOLE_MILLI
+from gpurm.common.tls import ENV_CA, ENV_CERT, ENV_KEY, TLSConfig
+from gpurm.nodeagent import engine as oci
 from gpurm.nodeagent.cgroups import CgroupManager, agent_cgroup_name, share_limits, signal_pids
 from gpurm.nodeagent.config import DEFAULT_ENV_PASSTHROUGH, AgentConfig
+from gpurm.nodeagent.exits import launcher_tail as _tail
+from gpurm.nodeagent.exits import shell_user_error as _shell_user_error
+from gpurm.nodeagent.exits import signame as _signame
 from gpurm.nodeagent.identity import (
     RefusedUserError,
     RunAs,
@@ -39,6 +46,7 @@ from gpurm.nodeagent.identity import (
     resolve_run_as,
     startup_note,
 )
+from gpurm.nodeagent.imagerun import ImageRequest, ImageSpec, plan_image_run
 from gpurm.nodeagent.launch import (
     LAUNCHER_LOG,
     Handshake,
@@ -65,9 +73,6 @@ from gpurm.nodeagent.records import (
     write_json_atomic,
 )
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.rm.aio import stop_tasks, wait_set
-from gpurm.rm.cluster import WHOLE_MILLI
-from gpurm.rm.tls import ENV_CA, ENV_CERT, ENV_KEY, TLSConfig
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +161,11 @@ class ContainerSupervisor:
         self._lock = asyncio.Lock()
         self._cgroup_warned = False
         self.cgroup_root = "off"  # where open() sets cgroups up: auto | off | a cgroup v2 directory
+        self.engine: oci.Engine | None = None  # the OCI engine of image jobs (the daemon detects it)
+        self.gpu_uuids: dict[int, str] = {}    # GPU index -> UUID (CDI device names, NVIDIA_VISIBLE_DEVICES)
+        self._images: dict[str, ImageSpec] = {}          # image learners being started
+        self._pulling: dict[str, asyncio.Event] = {}     # set once a start waits on a pull: the caller goes on
+        self._pull_cancel: dict[str, asyncio.Event] = {}
 
     # ------------------------------------------------------------------ queries
 
@@ -292,12 +302,15 @@ class ContainerSupervisor:
     async def start(self, container_id: str, job_id: str, kind: pb.ContainerKind, argv: Sequence[str],
                     env: Mapping[str, str], workdir: str, gpu_indices: Sequence[int], attempt: int = 0,
                     user: str = "", *, cpus: int = 0, memory_mib: int = 0,
-                    rightsize: bool = False, share_milli: int = 0, gpu_memory_mib: int = 0) -> ContainerRecord:
+                    rightsize: bool = False, share_milli: int = 0, gpu_memory_mib: int = 0,
+                    image: ImageSpec | None = None) -> ContainerRecord:
         """Launch a container, or return the existing record when this id is already known (idempotent).
 
         Raises GpuBusyError when a GPU is held by another live container, ContainerExistsError when the id
         ran here before and was forgotten. An exec failure is not raised: the record is FAILED_TO_START
         (with infra_failure when the fault is the node's: an unknown user, a launcher that died).
+        With `image`, the command runs in that OCI image (imagerun.py); a start that must pull the image returns
+        the STARTING record once the pull begins, and the container's end follows on the heartbeat.
         """
         async with self._lock:
             existing = self._records.get(container_id)
@@ -321,7 +334,13 @@ class ContainerSupervisor:
                 argv=full_argv, workdir=workdir, start_ms=self._clock_ms(), cpus=cpus, memory_mib=memory_mib,
                 rightsize=rightsize, share_milli=share_milli,
                 gpu_memory_mib=gpu_memory_mib * share_milli // 1000 if share_milli else 0,
+                image=image.image if image else "",
+                engine_name=oci.container_name(self.marker_prefix, container_id) if image else "",
             )
+            if image is not None:
+                self._images[container_id] = image
+                self._pulling[container_id] = asyncio.Event()
+                self._pull_cancel[container_id] = asyncio.Event()
             self._records[container_id] = rec
             self._ended[container_id] = asyncio.Event()
             started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -334,7 +353,17 @@ class ContainerSupervisor:
         launch = asyncio.create_task(self._launch_and_settle(rec, cdir, env, started))
         self._tasks.add(launch)
         launch.add_done_callback(self._launch_done)
-        await asyncio.shield(launch)
+        pulling = self._pulling.get(container_id)
+        if pulling is None:
+            await asyncio.shield(launch)
+            return rec
+        waiter = asyncio.ensure_future(pulling.wait())
+        try:
+            await asyncio.wait({launch, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if launch.done() and launch.exception() is not None:
+            raise launch.exception()  # type: ignore[misc]
         return rec
 
     async def _launch_and_settle(self, rec: ContainerRecord, cdir: Path, env: Mapping[str, str],
@@ -343,6 +372,8 @@ class ContainerSupervisor:
             await self._launch(rec, cdir, env)
         finally:
             self._starting.pop(rec.container_id, None)
+            for book in (self._images, self._pulling, self._pull_cancel):
+                book.pop(rec.container_id, None)
             started.set_result(None)
 
     def _launch_done(self, task: asyncio.Task[None]) -> None:
@@ -370,6 +401,10 @@ class ContainerSupervisor:
             self._fail_to_start(rec, cdir, f"cannot prepare the container dir {cdir}: {exc.strerror or exc}",
                                 infra=True)
             return
+        image = self._images.get(rec.container_id)
+        if image is not None:
+            await self._launch_image(rec, cdir, env, who, image)
+            return
         cwd = Path(rec.workdir) if rec.workdir else cdir / WORK_DIR
         rec.workdir = str(cwd)
         if not cwd.is_dir():
@@ -396,6 +431,46 @@ class ContainerSupervisor:
         rec.cgroup = str(cgroup) if cgroup is not None else ""
         spec = launch_spec(argv=rec.argv, env=env_all, cwd=cwd, run_as=who, cgroup=cgroup,
                            log_max_size=self.log_max_size, log_keep=self.log_keep)
+        await self._spawn(rec, cdir, spec, who)
+
+    async def _launch_image(self, rec: ContainerRecord, cdir: Path, env: Mapping[str, str], who: RunAs,
+                            image: ImageSpec) -> None:
+        """An image job's learner: the image here (pulled if need be), then the engine's `run` under the
+        launcher, which stays the agent's user; the container runs as the job's uid:gid."""
+        env_all = container_env(passthrough=(), agent_env={}, launch_env=env, container_id=rec.container_id,
+                                node_id=self.node_id, kind=rec.kind, gpu_indices=rec.gpu_indices)
+        gpus = rec.share_milli / 1000 if rec.share_milli else len(rec.gpu_indices)
+        limits = share_limits(gpus, self.node_gpus, self.node_cpus, self.node_memory_mib,
+                              cpus=rec.cpus, memory_mib=rec.memory_mib)
+
+        def pulling(note: str) -> None:
+            rec.diagnostics = note
+            with contextlib.suppress(OSError):
+                append_private(cdir / LOG_FILE, f"gpurm: {note}\n".encode())
+            self._changed(rec)
+            event = self._pulling.get(rec.container_id)
+            if event is not None:
+                event.set()
+
+        req = ImageRequest(image=image.image, argv=rec.argv, workdir=rec.workdir, mounts=image.mounts,
+                           shm_size_mib=image.shm_size_mib, name=rec.engine_name, agent_marker=self.marker_prefix,
+                           container_id=rec.container_id, job_id=rec.job_id, gpu_indices=rec.gpu_indices)
+        plan = await plan_image_run(self.engine, req, who=who, env=env_all, work_dir=cdir / WORK_DIR, limits=limits,
+                                    gpu_uuids=self.gpu_uuids, agent_env=self._agent_env, on_pull=pulling,
+                                    cancel=self._pull_cancel.get(rec.container_id))
+        rec.diagnostics = ""
+        if rec.stopped:
+            self._fail_to_start(rec, cdir, f"stopped before it started ({rec.stop_reason})")
+            return
+        if plan.problem:
+            self._fail_to_start(rec, cdir, plan.problem, infra=plan.infra, user=plan.user_error)
+            return
+        uid = who.uid if who.uid is not None else os.geteuid()
+        spec = launch_spec(argv=plan.argv, env=plan.client_env, cwd=Path("/"), run_as=RunAs(user=who.user),
+                           cgroup=None, log_max_size=self.log_max_size, log_keep=self.log_keep, engine_uid=uid)
+        await self._spawn(rec, cdir, spec, who)
+
+    async def _spawn(self, rec: ContainerRecord, cdir: Path, spec: bytes, who: RunAs) -> None:
         try:
             proc, handshake_fd = spawn_shim(cdir, os.environ, spec)
         except OSError as exc:
@@ -447,7 +522,8 @@ class ContainerSupervisor:
                 write_private(tdir / name, data, uid, gid)
                 env[var] = str(tdir / name)
             give_to(tdir, uid, gid)
-        give_to(cdir, uid, gid)
+        if rec.container_id not in self._images:   # an image job's dir stays the agent's: only work/ is mounted
+            give_to(cdir, uid, gid)
         return env
 
     def _cgroup_problem(self, rec: ContainerRecord, answer: Handshake) -> None:
@@ -511,6 +587,8 @@ class ContainerSupervisor:
                 if not await self._kill_all(rec):
                     log.error("container %s: processes %s survive SIGKILL", cid, sorted(self._members(rec)))
         self._cleanup_cgroup(rec)
+        if rec.engine_name and self.engine is not None:
+            await oci.remove(self.engine, rec.engine_name)   # gone already (--rm) unless its launcher was killed
         rc = read_exit(self.container_dir(cid))
         rec.end_ms = self._clock_ms()
         if rc is None and shim_rc is None:
@@ -526,6 +604,9 @@ class ContainerSupervisor:
                 note = " (its exit status was not recorded: its launcher was killed)"
             else:
                 note = ""
+            if rec.image and rc >= 0:
+                rc, engine_says, rec.user_error, rec.infra_failure = oci.image_exit(rc, rec.stopped)
+                note = f": {engine_says}{note}" if engine_says else note
             if rc < 0:
                 rec.signal = -rc
                 rec.exit_code = 0
@@ -579,6 +660,10 @@ class ContainerSupervisor:
         if rec is None:
             raise UnknownContainerError(f"unknown container {container_id}")
         pending = self._starting.get(container_id)
+        cancel = self._pull_cancel.get(container_id)
+        if cancel is not None and pending is not None and not rec.stopped:
+            rec.stopped, rec.stop_reason = True, reason or "stop requested"   # a pull in progress ends now
+            cancel.set()
         if pending is not None:
             await asyncio.shield(pending)
         if rec.terminal:
@@ -604,6 +689,8 @@ class ContainerSupervisor:
         if await wait_set(ended, grace_s):
             return
         log.info("container %s: grace over, SIGKILL to its processes", rec.container_id)
+        if rec.engine_name and self.engine is not None:
+            await oci.kill(self.engine, rec.engine_name)   # the engine's client does not pass SIGKILL on
         await self._kill_all(rec)
         await ended.wait()
 
@@ -677,38 +764,6 @@ class ContainerSupervisor:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("container watcher failed", exc_info=task.exception())
-
-
-SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
-
-
-def _shell_user_error(argv: list[str], rc: int) -> str:
-    """Why a shell command's exit is the job's own fault, or "": a shell exits 127 when it cannot find the
-    command and 126 when it cannot run it (POSIX), and a retry, here or elsewhere, would do the same."""
-    if len(argv) < 3 or os.path.basename(argv[0]) not in SHELLS or argv[1] != "-c":
-        return ""
-    if rc == 127:
-        return "the shell could not find the command (see its output)"
-    if rc == 126:
-        return "the shell found the command but could not run it (not executable?)"
-    return ""
-
-
-def _tail(path: Path, max_bytes: int = 2000) -> str:
-    """The end of the launcher's own error output, for a diagnostic ('' when it wrote nothing)."""
-    try:
-        data = path.read_bytes()[-max_bytes:].decode(errors="replace").strip()
-    except OSError:
-        return ""
-    lines = [ln for ln in data.splitlines() if ln.strip()]
-    return f": {lines[-1]}" if lines else ""
-
-
-def _signame(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
 
 
 def supervisor_for(cfg: AgentConfig, node_gpus: int) -> ContainerSupervisor:

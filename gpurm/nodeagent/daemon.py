@@ -13,11 +13,22 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from gpurm.common import tls
+from gpurm.common.aio import stop_tasks
+from gpurm.common.limits import make_server
+from gpurm.common.mqtt import MQTT_URL_ENV
+from gpurm.common.netcheck import listen_problem
+from gpurm.common.textsafe import setup_logging
+from gpurm.nodeagent import engine as oci
 from gpurm.nodeagent.config import NO_CREDENTIAL, AgentConfig
 from gpurm.nodeagent.containers import ContainerSupervisor, supervisor_for
+from gpurm.nodeagent.fence import LEASE_FILE, Fence
 from gpurm.nodeagent.gpus import GpuDevice, GpuDiscoveryError, GpuProvider, make_provider
+from gpurm.nodeagent.images import ImageReport
 from gpurm.nodeagent.metrics import AgentCollector, MetricsServer
 from gpurm.nodeagent.monitor import AgentMonitor
 from gpurm.nodeagent.ports import PortReserver
@@ -26,12 +37,6 @@ from gpurm.nodeagent.records import write_json_atomic
 from gpurm.nodeagent.service import ContainerManagerServicer
 from gpurm.nodeagent.sweep import sweep_loop
 from gpurm.nodeagent.tracker import Registration, RMUnreachable, Tracker
-from gpurm.rm import tls
-from gpurm.rm.aio import stop_tasks
-from gpurm.rm.limits import make_server
-from gpurm.rm.mqtt import MQTT_URL_ENV
-from gpurm.rm.netcheck import listen_problem
-from gpurm.rm.textsafe import setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +91,15 @@ async def _run_with_gpus(cfg: AgentConfig, provider: GpuProvider, gpus: list[Gpu
         return EXIT_CONFIG
 
     supervisor = supervisor_for(cfg, len(gpus))  # cgroups, run-as, log rotation (cfg.containers)
+    # The OCI engine of image jobs, checked with a real run (the registration reports it), and the images it holds:
+    # both before any gRPC object exists, since some grpcio releases break when a process forks while their
+    # threads start. What was chosen is logged once the agent listens (a busy port stays its one line).
+    supervisor.engine, note = await oci.detect(cfg.containers.engine, fake_gpus=cfg.gpus.fake is not None,
+                                               state_dir=str(cfg.state_dir), node_id=cfg.node_id)
+    supervisor.gpu_uuids = {g.index: g.uuid for g in gpus}
+    images = ImageReport(supervisor.engine) if supervisor.engine is not None else None
+    if images is not None:
+        await images.refresh()
     # One health check before anything is offered: the registration carries what it found.
     monitor = AgentMonitor(cfg, provider, gpus, supervisor)
     monitor.check_gpus()
@@ -115,7 +129,11 @@ async def _run_with_gpus(cfg: AgentConfig, provider: GpuProvider, gpus: list[Gpu
         log.error("agent %s: cannot listen on %s: %s", cfg.node_id, cfg.listen, why)
         return EXIT_CONFIG
     await server.start()
+    log.info("%s", note)
     supervisor.open()  # cgroups set up, the previous agent process's containers adopted
+    if supervisor.engine is not None:   # engine containers of no live container of ours: left by a crash
+        await oci.reap(supervisor.engine, supervisor.marker_prefix,
+                       {r.engine_name for r in supervisor.records() if r.live and r.engine_name})
     agent_file = cfg.state_dir / AGENT_FILE
     write_json_atomic(agent_file,
                       {"node_id": cfg.node_id, "host": cfg.host, "port": port, "pid": os.getpid()})
@@ -138,7 +156,17 @@ async def _run_with_gpus(cfg: AgentConfig, provider: GpuProvider, gpus: list[Gpu
                       metrics_port=exporter.port if exporter is not None else 0)
     tracker.decorate = monitor.decorate
     monitor.on_change = tracker.wake
-    tasks = [asyncio.create_task(tracker.run(), name="tracker"),
+    fence = Fence(supervisor, state_file=cfg.state_dir / LEASE_FILE)
+    fence.restore()   # containers adopted from a previous agent process stay under its lease
+    tracker.fence = fence
+    servicer.fence = fence
+    if images is not None:   # image locality: the registration carries the engine's images, beats the changes
+        supervisor.add_listener(images.on_change)
+        tracker.decorate = _both(monitor.decorate, images.decorate)
+    refresh = cfg.containers.engine.image_refresh_s
+    tasks = [*([asyncio.create_task(images.run(tracker.wake, refresh), name="images")] if images is not None else []),
+             asyncio.create_task(tracker.run(), name="tracker"),
+             asyncio.create_task(fence.run(), name="fence"),
              asyncio.create_task(monitor.run(), name="monitor"),
              asyncio.create_task(sweep_loop(supervisor.containers_dir, cfg.containers.keep_finished_s,
                                             lambda: [r.container_id for r in supervisor.records()], time.time),
@@ -168,9 +196,12 @@ async def _run_with_gpus(cfg: AgentConfig, provider: GpuProvider, gpus: list[Gpu
         log.info("agent %s shutting down", cfg.node_id)
         if code != EXIT_RM_UNREACHABLE:
             await _shutdown(cfg, supervisor, servicer, tracker)
+            if not cfg.containers.keep_on_shutdown:
+                fence.forget()   # nothing left running that a lease must cover
     finally:
         await stop_tasks(tasks)
         await tracker.close()
+        await fence.close()
         await monitor.close()
         if exporter is not None:
             await asyncio.to_thread(exporter.close)
@@ -218,3 +249,10 @@ def read_agent_file(state_dir: Path) -> dict[str, object] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _both(first: Callable[[Any], None], second: Callable[[Any], None]) -> Callable[[Any], None]:
+    def decorate(msg: Any) -> None:
+        first(msg)
+        second(msg)
+    return decorate

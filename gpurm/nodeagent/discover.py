@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpurm.common.gpus import GpuRecord, nvlink_islands
 from gpurm.nodeagent.config import AgentConfig
 from gpurm.nodeagent.gpus import GpuDevice, make_provider
 from gpurm.nodeagent.health import GpuHealthBook
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.rm.cluster import GpuRecord, nvlink_islands
 
 # nvidia-smi topo -m's names for each level
 LEVEL_NAMES = {pb.LINK_SINGLE: "PIX", pb.LINK_MULTIPLE: "PXB", pb.LINK_HOSTBRIDGE: "PHB", pb.LINK_NODE: "NODE",

@@ -21,12 +21,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpurm.common.aio import wait_set
 from gpurm.nodeagent.identity import RunAs
 from gpurm.nodeagent.private import open_append, open_read
 from gpurm.nodeagent.procgroup import pid_alive, start_time
 from gpurm.nodeagent.shim import EXIT_FILE
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.rm.aio import wait_set
 
 LAUNCHER_LOG = "launcher.log"
 
@@ -91,12 +91,16 @@ class Handshake:
 
 
 def launch_spec(*, argv: Sequence[str], env: Mapping[str, str], cwd: Path, run_as: RunAs,
-                cgroup: Path | None, log_max_size: int, log_keep: int) -> bytes:
-    """The shim's launch spec (JSON): the command, its env (tokens), its user, its cgroup, log rotation."""
+                cgroup: Path | None, log_max_size: int, log_keep: int, engine_uid: int | None = None) -> bytes:
+    """The shim's launch spec (JSON): the command, its env (tokens), its user, its cgroup, log rotation.
+    `engine_uid`: the command is an OCI engine's `run` (it stays the agent's user) whose container runs as
+    that uid; the shim refuses 0 there as it does for its own user."""
     spec = {"argv": list(argv), "env": dict(env), "cwd": str(cwd), "uid": run_as.uid, "gid": run_as.gid,
             "groups": list(run_as.groups) if run_as.groups is not None else None,
             "cgroup": str(cgroup) if cgroup is not None else "", "log_max_size": log_max_size,
             "log_keep": log_keep}
+    if engine_uid is not None:
+        spec["engine_uid"] = engine_uid
     return json.dumps(spec).encode()
 
 

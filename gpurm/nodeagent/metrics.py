@@ -26,8 +26,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpurm.common.tls import TLSConfig
 from gpurm.nodeagent.gpus import GpuDevice, GpuEvent, GpuEventKind, GpuSample
-from gpurm.rm.tls import TLSConfig
 
 log = logging.getLogger(__name__)
 

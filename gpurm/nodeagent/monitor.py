@@ -31,6 +31,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpurm.common.aio import stop_tasks, within
 from gpurm.nodeagent.cgroups import set_memory_high
 from gpurm.nodeagent.config import AgentConfig
 from gpurm.nodeagent.containers import ContainerSupervisor
@@ -53,7 +54,6 @@ from gpurm.nodeagent.telemetry import node_payload, summarise
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rightsize.limit import RAISE_AT, ceiling_mib, phase_limit_mib
 from gpurm.rightsize.phases import PhaseModel, discover
-from gpurm.rm.aio import stop_tasks, within
 
 log = logging.getLogger(__name__)
 

@@ -62,6 +62,8 @@ class ContainerRecord:
     rightsize: bool = False       # its queue has `rightsize: on`: memory.high follows its phases (monitor.py)
     share_milli: int = 0          # a share of its one GPU (thousandths; 0 = whole GPUs): others may share it
     gpu_memory_mib: int = 0       # a shared GPU's memory limit for it (its share of the GPU's memory)
+    image: str = ""               # an image job's learner: the OCI image it runs in ("" = a host process)
+    engine_name: str = ""         # its name in the engine (labelled with the agent and container id)
     version: int = 0              # bumped on every change; the heartbeat's pending set compares it
     reported: bool = False        # its end reached an RM (acknowledged): a restarted agent need not report it
 

@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 import grpc
 
+from gpurm.common.jobspec import JobSpec, container_problems, mounts_from_proto
+from gpurm.common.tokens import TokenError, TokenKey, verify_container
 from gpurm.nodeagent.containers import (
     ContainerExistsError,
     ContainerSupervisor,
@@ -21,11 +23,12 @@ from gpurm.nodeagent.containers import (
     UnknownContainerError,
     now_ms,
 )
+from gpurm.nodeagent.fence import Fence
 from gpurm.nodeagent.gpus import GpuDevice
+from gpurm.nodeagent.imagerun import ImageSpec
 from gpurm.nodeagent.ports import PortReserver
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pb_grpc
-from gpurm.rm.tokens import TokenError, TokenKey, verify_container
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,7 @@ class ContainerManagerServicer(pb_grpc.ContainerManagerServicer):
         self.ports = ports
         self.token_key = token_key  # set by the tracker from each registration reply
         self.closing = False        # the agent is shutting down: no new containers
+        self.fence: Fence | None = None   # no new containers while the RM's lease has run out (fence.py)
         self.am_env: dict[str, str] = {}  # added to AM containers' env (GPURM_TLS_*: the node's certificate)
         self._clock_ms = clock_ms
 
@@ -108,6 +112,10 @@ class ContainerManagerServicer(pb_grpc.ContainerManagerServicer):
     async def _start(self, request: pb.StartContainerRequest) -> pb.StartContainerResponse:
         if self.closing:
             raise RpcFailure(grpc.StatusCode.UNAVAILABLE, f"the agent on {self.node_id} is shutting down")
+        if self.fence is not None and not self.fence.holds():
+            raise RpcFailure(grpc.StatusCode.UNAVAILABLE,
+                             f"the agent on {self.node_id} has had no answer from the RM for its lease "
+                             f"({self.fence.lease.lease_s:g}s): it starts nothing until the RM answers again")
         grant = self._grant(request.token)
         cid = grant.container_id
         if not cid:
@@ -134,13 +142,14 @@ class ContainerManagerServicer(pb_grpc.ContainerManagerServicer):
                     raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
                                      f"GPU {g} is unhealthy: {gpu.health_reason or 'unknown reason'}")
         try:
+            image = _image_of(request.launch, grant.kind)
             rec = await self.supervisor.start(
                 cid, grant.job_id, grant.kind, list(request.launch.argv),
                 {**request.launch.env, **(self.am_env if grant.kind == pb.CONTAINER_AM else {})},
                 request.launch.workdir, indices, grant.attempt, grant.user,
                 cpus=grant.cpus, memory_mib=grant.memory_mib, rightsize=grant.rightsize,
                 share_milli=grant.gpu_share_milli if len(indices) == 1 else 0,
-                gpu_memory_mib=self.gpus[indices[0]].memory_mib if indices else 0)
+                gpu_memory_mib=self.gpus[indices[0]].memory_mib if indices else 0, image=image)
         except GpuBusyError as exc:
             raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from exc
         except ContainerExistsError as exc:
@@ -214,3 +223,16 @@ async def _guard(context: Ctx, name: str, handler: Callable[[], Awaitable[T]]) -
     except Exception as exc:
         log.exception("%s failed", name)
         await context.abort(grpc.StatusCode.INTERNAL, f"{name} failed: {type(exc).__name__}: {exc}")
+
+
+def _image_of(launch: pb.LaunchContext, kind: pb.ContainerKind) -> ImageSpec | None:
+    """A learner's image, mounts and /dev/shm (None: a host process; an AM is always one), checked as a job
+    spec's are: INVALID_ARGUMENT naming the field."""
+    if kind != pb.CONTAINER_LEARNER or not launch.image:
+        return None
+    spec = ImageSpec(launch.image, mounts_from_proto(launch.mounts), launch.shm_size_mib)
+    problems = container_problems(JobSpec(gpus=1, command=["-"], image=spec.image, mounts=list(spec.mounts),
+                                          shm_size_mib=spec.shm_size_mib))
+    if problems:
+        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems)[:1000])
+    return spec

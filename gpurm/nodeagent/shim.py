@@ -9,7 +9,9 @@ agent's user:
 2. joins the container's cgroup, so the command and all it forks start inside it;
 3. refuses to go on as uid 0 (the agent's own check comes first; this is the second), then becomes the
    container's user (setgroups / setgid / setuid) when asked, so every file it writes from here on is that
-   user's and no symlink in the container dir can make it write elsewhere;
+   user's and no symlink in the container dir can make it write elsewhere; for an image job's learner the
+   command is the OCI engine's `run` (engine.py), which stays the agent's user, and the container's own user
+   (`engine_uid`) must not be 0 instead (the container dir then stays the agent's: only `work/` is the user's);
 4. starts the command, its stdout and stderr a pipe the shim reads;
 5. tells the agent on HANDSHAKE_FD: `{"pid": N}` or `{"error": "...", "errno": E}` (exec failed, refused),
    with `"user_error": true` when exec failed for the job's own reason (command not found or not executable,
@@ -57,8 +59,14 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def become(uid: int | None, gid: int | None, groups: list[int] | None) -> str:
-    """Refuse root, then drop to the container's user (uid None: stay the agent's). '' or why not."""
+def become(uid: int | None, gid: int | None, groups: list[int] | None, engine_uid: int | None = None) -> str:
+    """Refuse root, then drop to the container's user (uid None: stay the agent's). '' or why not.
+    `engine_uid`: the command is an OCI engine's `run`, which stays the agent's user; the container's own user,
+    that uid, is the one that must not be root."""
+    if engine_uid is not None:
+        if uid is not None or engine_uid == 0:
+            return "refused: an image container never runs as root (uid 0)"
+        return ""
     target = os.geteuid() if uid is None else uid
     if target == 0:
         return ("refused: the launcher never runs a command as root (uid 0); run as a user with uid >= 1000, "
@@ -107,7 +115,7 @@ def run(cdir: Path, handshake_fd: int, spec_fd: int) -> int:
             answer["cgroup"] = cgroup
         except OSError as exc:
             answer["cgroup_error"] = f"cannot join cgroup {cgroup}: {exc.strerror or exc}"
-    refused = become(spec.get("uid"), spec.get("gid"), spec.get("groups"))
+    refused = become(spec.get("uid"), spec.get("gid"), spec.get("groups"), spec.get("engine_uid"))
     if refused:
         answer.update(error=f"cannot start: {refused}", errno=errno.EPERM)
         os.write(handshake_fd, (json.dumps(answer) + "\n").encode())

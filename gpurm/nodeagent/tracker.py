@@ -2,12 +2,14 @@
 
 Container changes are deltas: each one stays pending until the RM acknowledges (ack_seq) the first beat
 that carried it, and beats go out at once (coalesced ~20 ms) when something changes, not only on the
-interval. Any failure (RM down, restarted, stream broken, no reply in time) leads back to registration after
-a jittered back-off; registration reports every container the agent knows, so an RM restart loses nothing
-and no container is touched by it.
+interval. The interval is the RM's: named at registration and again in every heartbeat reply (it grows with the
+fleet, rm/state/heartbeats.py), with the fence's lease, which the agent follows from that reply on. Any failure (RM
+down, restarted, stream broken, no reply in time) leads back to registration after a jittered back-off;
+registration reports every container the agent knows, so an RM restart loses nothing and no container is touched
+by it.
 
 With several RMs (agent.yaml `rm: [a:7070, b:7070]`, an active/standby set) a failure moves the agent to the
-leader a standby named, when it is one of the list, else to the next RM (`gpurm.rm.rmlist`); the back-off sleeps
+leader a standby named, when it is one of the list, else to the next RM (`gpurm.common.rmlist`); the back-off sleeps
 only once every RM of the list failed, and rm_retry.give_up_after bounds the whole outage as before.
 """
 
@@ -25,18 +27,19 @@ from typing import Any
 
 import grpc
 
+from gpurm.common import tls
+from gpurm.common.aio import stop_tasks, wait_set
+from gpurm.common.retry import Outage
+from gpurm.common.rmlist import LeaderFollower, rpc_failure
+from gpurm.common.tokens import TokenKey, join_proof
 from gpurm.nodeagent.backoff import Backoff
 from gpurm.nodeagent.config import AgentConfig
 from gpurm.nodeagent.containers import ContainerSupervisor
+from gpurm.nodeagent.fence import Fence
 from gpurm.nodeagent.gpus import GpuDevice
 from gpurm.nodeagent.records import ContainerRecord
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pb_grpc
-from gpurm.rm import tls
-from gpurm.rm.aio import stop_tasks, wait_set
-from gpurm.rm.retry import Outage
-from gpurm.rm.rmlist import LeaderFollower, rpc_failure
-from gpurm.rm.tokens import TokenKey, join_proof
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +120,9 @@ class Tracker:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._outage_logged = False
         self._last_reply = 0.0  # loop time of the last heartbeat reply
+        self.interval_s = DEFAULT_INTERVAL_S   # the heartbeat interval the RM named last
+        self.fence: Fence | None = None    # renewed by every answer from the RM (nodeagent/fence.py)
+        self._sent_at: dict[int, float] = {}   # beat seq -> when it left (the fence's clock), until answered
         supervisor.add_listener(self._on_change)
 
     # ------------------------------------------------------------------ public
@@ -188,9 +194,12 @@ class Tracker:
         request = pb.RegisterNodeRequest(
             node_id=self.cfg.node_id, host=self.cfg.host, agent_port=self.agent_port, rack=self.cfg.rack,
             metrics_port=self.metrics_port,
+            container_engine=engine.kind.value if (engine := self.supervisor.engine) is not None else "",
+            gpu_passing=engine.gpu_passing.value if engine is not None else "",
             ib_domain=self.cfg.ib_domain, gpus=[g.to_proto() for g in self.gpus], cpus=self.cfg.cpus,
             memory_mib=self.cfg.memory_mib, containers=[r.to_proto() for r in records],
             agent_version=agent_version(), agent_instance=self.agent_instance, healthy=True,
+            follows_interval=True,
         )
         if self.decorate is not None:
             self.decorate(request)
@@ -200,7 +209,15 @@ class Tracker:
             request.join_proof = join_proof(self.cfg.node_secret.secret, self.cfg.node_id, self.agent_instance,
                                             request.join_time_ms)
         versions = {r.container_id: r.version for r in records}
+        sent_at = self.fence.clock() if self.fence is not None else 0.0
         reply: pb.RegisterNodeResponse = await stub.RegisterNode(request, timeout=REGISTER_TIMEOUT_S)
+        if self.fence is not None:
+            self.fence.set_terms(reply.lease_ms / 1000, reply.fence_grace_ms / 1000)
+            self.fence.renew(sent_at)
+        stopped = [r for r in records if r.terminal and r.stopped and r.stop_reason.startswith("fenced")]
+        if stopped:
+            log.warning("reported %d containers the fence stopped while the RM was out of reach: %s",
+                        len(stopped), ", ".join(sorted(r.container_id for r in stopped)))
         # The reply acknowledges every container the request carried, at the version it carried.
         for cid, version in versions.items():
             self._acknowledged(cid, version)
@@ -214,6 +231,7 @@ class Tracker:
             resync_spread_s=reply.resync_spread_ms / 1000,
         )
         self.registration = reg
+        self.interval_s = reg.interval_s
         self.registrations += 1
         self._outage = None
         self.follower.succeeded()
@@ -250,7 +268,7 @@ class Tracker:
         while True:
             self._wake.clear()
             await call.write(self._next_beat(reg))
-            if await wait_set(self._wake, reg.interval_s):
+            if await wait_set(self._wake, self.interval_s):
                 await asyncio.sleep(COALESCE_S)  # let a burst of changes (a gang ending) share one beat
 
     async def _read_loop(self, call: HeartbeatCall) -> None:
@@ -264,22 +282,53 @@ class Tracker:
             self._backoff.reset()
             self._outage = None
             self._on_ack(response.ack_seq)
+            if response.action != pb.HEARTBEAT_REREGISTER:   # (a node the RM lost: the lease is not renewed)
+                if response.heartbeat_interval_ms > 0:
+                    self._follow(response)
+                self._renew_lease(response.ack_seq)
             for order in response.stop:
                 self._order_stop(order.container_id, order.grace_ms, order.reason or "stop ordered by the RM")
             if response.action == pb.HEARTBEAT_REREGISTER:
                 return
 
     async def _watchdog(self, reg: Registration) -> None:
-        """The RM answers every beat: this long a silence means the connection is dead, even when TCP
-        has not noticed yet."""
-        silence_s = 3 * reg.interval_s + 5.0
+        """The RM answers every beat: this long a silence (three of the intervals it names, and 5 s) means the
+        connection is dead, even when TCP has not noticed yet."""
         loop = asyncio.get_running_loop()
-        while (left := self._last_reply + silence_s - loop.time()) > 0:
+        while (left := self._last_reply + self._silence_s() - loop.time()) > 0:
             await asyncio.sleep(left)
-        raise _StreamEnded(f"no heartbeat reply for {silence_s:.0f}s")
+        raise _StreamEnded(f"no heartbeat reply for {self._silence_s():.0f}s")
+
+    def _silence_s(self) -> float:
+        return 3 * self.interval_s + 5.0
+
+    def _follow(self, response: pb.HeartbeatResponse) -> None:
+        """The terms a heartbeat reply names: the interval to beat at from now on, the lease and its grace (set
+        before this reply renews the lease, so the renewal runs under them)."""
+        interval_s = response.heartbeat_interval_ms / 1000
+        if interval_s != self.interval_s:
+            log.info("the RM names a heartbeat interval of %gs (was %gs), lease %gs", interval_s, self.interval_s,
+                     response.lease_ms / 1000)
+            self.interval_s = interval_s
+        if self.fence is not None and response.lease_ms > 0 and (
+                response.lease_ms / 1000, response.fence_grace_ms / 1000) != (self.fence.lease.lease_s,
+                                                                              self.fence.lease.grace_s):
+            self.fence.set_terms(response.lease_ms / 1000, response.fence_grace_ms / 1000)
+
+    def _renew_lease(self, ack_seq: int) -> None:
+        sent_at = self._sent_at.get(ack_seq)
+        if sent_at is None or self.fence is None:
+            return
+        for seq in [s for s in self._sent_at if s <= ack_seq]:
+            del self._sent_at[seq]
+        self.fence.renew(sent_at)
 
     def _next_beat(self, reg: Registration) -> pb.NodeHeartbeat:
         self._seq += 1
+        if self.fence is not None:
+            if len(self._sent_at) > 1000:        # a silent RM: keep the newest only (their answers renew most)
+                self._sent_at = dict(list(self._sent_at.items())[-100:])
+            self._sent_at[self._seq] = self.fence.clock()
         statuses = []
         for p in self._pending.values():
             if p.sent_seq is None:

@@ -152,7 +152,7 @@ class GpuInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., memory_mib: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., numa_node: _Optional[int] = ..., cpu_affinity: _Optional[str] = ..., mig_enabled: _Optional[bool] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., links: _Optional[_Iterable[_Union[GpuLink, _Mapping]]] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "host", "agent_port", "rack", "ib_domain", "state", "gpus", "gpus_total", "gpus_free", "cpus", "memory_mib", "last_heartbeat_ms", "containers", "assignments", "health_report", "agent_version", "metrics_port")
+    __slots__ = ("node_id", "host", "agent_port", "rack", "ib_domain", "state", "gpus", "gpus_total", "gpus_free", "cpus", "memory_mib", "last_heartbeat_ms", "containers", "assignments", "health_report", "agent_version", "metrics_port", "container_engine", "gpu_passing", "images")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     AGENT_PORT_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +170,9 @@ class NodeInfo(_message.Message):
     HEALTH_REPORT_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_ENGINE_FIELD_NUMBER: _ClassVar[int]
+    GPU_PASSING_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     host: str
     agent_port: int
@@ -187,7 +190,10 @@ class NodeInfo(_message.Message):
     health_report: str
     agent_version: str
     metrics_port: int
-    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., agent_port: _Optional[int] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., gpus_total: _Optional[int] = ..., gpus_free: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., containers: _Optional[int] = ..., assignments: _Optional[_Iterable[_Union[GpuAssignment, _Mapping]]] = ..., health_report: _Optional[str] = ..., agent_version: _Optional[str] = ..., metrics_port: _Optional[int] = ...) -> None: ...
+    container_engine: str
+    gpu_passing: str
+    images: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., agent_port: _Optional[int] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., gpus_total: _Optional[int] = ..., gpus_free: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., containers: _Optional[int] = ..., assignments: _Optional[_Iterable[_Union[GpuAssignment, _Mapping]]] = ..., health_report: _Optional[str] = ..., agent_version: _Optional[str] = ..., metrics_port: _Optional[int] = ..., container_engine: _Optional[str] = ..., gpu_passing: _Optional[str] = ..., images: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GpuAssignment(_message.Message):
     __slots__ = ("gpu_index", "container_id", "job_id", "gpu_share_milli")
@@ -202,7 +208,7 @@ class GpuAssignment(_message.Message):
     def __init__(self, gpu_index: _Optional[int] = ..., container_id: _Optional[str] = ..., job_id: _Optional[str] = ..., gpu_share_milli: _Optional[int] = ...) -> None: ...
 
 class NodeView(_message.Message):
-    __slots__ = ("node_id", "rack", "ib_domain", "gpus_total", "free_gpus", "state", "gpus_healthy", "islands", "elastic_gpus")
+    __slots__ = ("node_id", "rack", "ib_domain", "gpus_total", "free_gpus", "state", "gpus_healthy", "islands", "elastic_gpus", "container_engine", "images", "reserved_gpus", "reserved_for", "reserved_until_ms")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     RACK_FIELD_NUMBER: _ClassVar[int]
     IB_DOMAIN_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +218,11 @@ class NodeView(_message.Message):
     GPUS_HEALTHY_FIELD_NUMBER: _ClassVar[int]
     ISLANDS_FIELD_NUMBER: _ClassVar[int]
     ELASTIC_GPUS_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_ENGINE_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_FOR_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     rack: str
     ib_domain: str
@@ -221,7 +232,12 @@ class NodeView(_message.Message):
     gpus_healthy: int
     islands: _containers.RepeatedCompositeFieldContainer[NvlinkIsland]
     elastic_gpus: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, node_id: _Optional[str] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., gpus_total: _Optional[int] = ..., free_gpus: _Optional[_Iterable[int]] = ..., state: _Optional[_Union[NodeState, str]] = ..., gpus_healthy: _Optional[int] = ..., islands: _Optional[_Iterable[_Union[NvlinkIsland, _Mapping]]] = ..., elastic_gpus: _Optional[_Iterable[int]] = ...) -> None: ...
+    container_engine: str
+    images: _containers.RepeatedScalarFieldContainer[str]
+    reserved_gpus: _containers.RepeatedScalarFieldContainer[int]
+    reserved_for: str
+    reserved_until_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., gpus_total: _Optional[int] = ..., free_gpus: _Optional[_Iterable[int]] = ..., state: _Optional[_Union[NodeState, str]] = ..., gpus_healthy: _Optional[int] = ..., islands: _Optional[_Iterable[_Union[NvlinkIsland, _Mapping]]] = ..., elastic_gpus: _Optional[_Iterable[int]] = ..., container_engine: _Optional[str] = ..., images: _Optional[_Iterable[str]] = ..., reserved_gpus: _Optional[_Iterable[int]] = ..., reserved_for: _Optional[str] = ..., reserved_until_ms: _Optional[int] = ...) -> None: ...
 
 class NvlinkIsland(_message.Message):
     __slots__ = ("gpus",)
@@ -320,7 +336,7 @@ class ContainerToken(_message.Message):
     def __init__(self, payload: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., key_id: _Optional[int] = ...) -> None: ...
 
 class LaunchContext(_message.Message):
-    __slots__ = ("argv", "env", "workdir")
+    __slots__ = ("argv", "env", "workdir", "image", "mounts", "shm_size_mib")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -331,10 +347,26 @@ class LaunchContext(_message.Message):
     ARGV_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
     WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    MOUNTS_FIELD_NUMBER: _ClassVar[int]
+    SHM_SIZE_MIB_FIELD_NUMBER: _ClassVar[int]
     argv: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
     workdir: str
-    def __init__(self, argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ...) -> None: ...
+    image: str
+    mounts: _containers.RepeatedCompositeFieldContainer[Mount]
+    shm_size_mib: int
+    def __init__(self, argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., image: _Optional[str] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., shm_size_mib: _Optional[int] = ...) -> None: ...
+
+class Mount(_message.Message):
+    __slots__ = ("source", "target", "writable")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    WRITABLE_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    target: str
+    writable: bool
+    def __init__(self, source: _Optional[str] = ..., target: _Optional[str] = ..., writable: _Optional[bool] = ...) -> None: ...
 
 class LocalitySpec(_message.Message):
     __slots__ = ("timeout_ms", "backoff_base_ms", "backoff_max_ms", "start_level", "mode")
@@ -351,7 +383,7 @@ class LocalitySpec(_message.Message):
     def __init__(self, timeout_ms: _Optional[int] = ..., backoff_base_ms: _Optional[int] = ..., backoff_max_ms: _Optional[int] = ..., start_level: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "queue", "gpus", "command", "workdir", "env", "max_retries", "locality", "placement", "max_gpus", "gpu_share_milli")
+    __slots__ = ("name", "queue", "gpus", "command", "workdir", "env", "max_retries", "locality", "placement", "max_gpus", "gpu_share_milli", "image", "mounts", "shm_size_mib")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -370,6 +402,9 @@ class JobSpec(_message.Message):
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     MAX_GPUS_FIELD_NUMBER: _ClassVar[int]
     GPU_SHARE_MILLI_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    MOUNTS_FIELD_NUMBER: _ClassVar[int]
+    SHM_SIZE_MIB_FIELD_NUMBER: _ClassVar[int]
     name: str
     queue: str
     gpus: int
@@ -381,7 +416,10 @@ class JobSpec(_message.Message):
     placement: str
     max_gpus: int
     gpu_share_milli: int
-    def __init__(self, name: _Optional[str] = ..., queue: _Optional[str] = ..., gpus: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., max_retries: _Optional[int] = ..., locality: _Optional[_Union[LocalitySpec, _Mapping]] = ..., placement: _Optional[str] = ..., max_gpus: _Optional[int] = ..., gpu_share_milli: _Optional[int] = ...) -> None: ...
+    image: str
+    mounts: _containers.RepeatedCompositeFieldContainer[Mount]
+    shm_size_mib: int
+    def __init__(self, name: _Optional[str] = ..., queue: _Optional[str] = ..., gpus: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., max_retries: _Optional[int] = ..., locality: _Optional[_Union[LocalitySpec, _Mapping]] = ..., placement: _Optional[str] = ..., max_gpus: _Optional[int] = ..., gpu_share_milli: _Optional[int] = ..., image: _Optional[str] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., shm_size_mib: _Optional[int] = ...) -> None: ...
 
 class Learner(_message.Message):
     __slots__ = ("rank", "node_id", "host", "gpu_indices", "container_id", "state", "exit_code", "signal", "pid", "preemptible", "usage", "rightsize")
@@ -484,7 +522,7 @@ class Job(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., submit_ms: _Optional[int] = ..., start_ms: _Optional[int] = ..., finish_ms: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., diagnostics: _Optional[str] = ..., exit_code: _Optional[int] = ..., am_attempt: _Optional[int] = ..., am_node: _Optional[str] = ..., gpus_held: _Optional[int] = ..., preemptible: _Optional[bool] = ..., preemptions: _Optional[int] = ..., failures: _Optional[int] = ..., live_containers: _Optional[int] = ..., waiting_reason: _Optional[str] = ..., attained_gpu_s: _Optional[float] = ..., target_gpus: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "host", "agent_port", "rack", "ib_domain", "gpus", "cpus", "memory_mib", "containers", "agent_version", "agent_instance", "healthy", "health_report", "join_time_ms", "join_proof", "metrics_port")
+    __slots__ = ("node_id", "host", "agent_port", "rack", "ib_domain", "gpus", "cpus", "memory_mib", "containers", "agent_version", "agent_instance", "healthy", "health_report", "join_time_ms", "join_proof", "metrics_port", "container_engine", "gpu_passing", "images", "follows_interval")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     AGENT_PORT_FIELD_NUMBER: _ClassVar[int]
@@ -501,6 +539,10 @@ class RegisterNodeRequest(_message.Message):
     JOIN_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     JOIN_PROOF_FIELD_NUMBER: _ClassVar[int]
     METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_ENGINE_FIELD_NUMBER: _ClassVar[int]
+    GPU_PASSING_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWS_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     host: str
     agent_port: int
@@ -517,10 +559,14 @@ class RegisterNodeRequest(_message.Message):
     join_time_ms: int
     join_proof: bytes
     metrics_port: int
-    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., agent_port: _Optional[int] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., agent_version: _Optional[str] = ..., agent_instance: _Optional[str] = ..., healthy: _Optional[bool] = ..., health_report: _Optional[str] = ..., join_time_ms: _Optional[int] = ..., join_proof: _Optional[bytes] = ..., metrics_port: _Optional[int] = ...) -> None: ...
+    container_engine: str
+    gpu_passing: str
+    images: _containers.RepeatedScalarFieldContainer[str]
+    follows_interval: bool
+    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., agent_port: _Optional[int] = ..., rack: _Optional[str] = ..., ib_domain: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., cpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., agent_version: _Optional[str] = ..., agent_instance: _Optional[str] = ..., healthy: _Optional[bool] = ..., health_report: _Optional[str] = ..., join_time_ms: _Optional[int] = ..., join_proof: _Optional[bytes] = ..., metrics_port: _Optional[int] = ..., container_engine: _Optional[str] = ..., gpu_passing: _Optional[str] = ..., images: _Optional[_Iterable[str]] = ..., follows_interval: _Optional[bool] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
-    __slots__ = ("session", "heartbeat_interval_ms", "token_key", "token_key_id", "mqtt_url", "stop_containers", "mqtt_username", "mqtt_password", "epoch", "resync_spread_ms")
+    __slots__ = ("session", "heartbeat_interval_ms", "token_key", "token_key_id", "mqtt_url", "stop_containers", "mqtt_username", "mqtt_password", "epoch", "resync_spread_ms", "lease_ms", "fence_grace_ms")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -531,6 +577,8 @@ class RegisterNodeResponse(_message.Message):
     MQTT_PASSWORD_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     RESYNC_SPREAD_MS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    FENCE_GRACE_MS_FIELD_NUMBER: _ClassVar[int]
     session: str
     heartbeat_interval_ms: int
     token_key: bytes
@@ -541,10 +589,12 @@ class RegisterNodeResponse(_message.Message):
     mqtt_password: str
     epoch: int
     resync_spread_ms: int
-    def __init__(self, session: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., token_key: _Optional[bytes] = ..., token_key_id: _Optional[int] = ..., mqtt_url: _Optional[str] = ..., stop_containers: _Optional[_Iterable[str]] = ..., mqtt_username: _Optional[str] = ..., mqtt_password: _Optional[str] = ..., epoch: _Optional[int] = ..., resync_spread_ms: _Optional[int] = ...) -> None: ...
+    lease_ms: int
+    fence_grace_ms: int
+    def __init__(self, session: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., token_key: _Optional[bytes] = ..., token_key_id: _Optional[int] = ..., mqtt_url: _Optional[str] = ..., stop_containers: _Optional[_Iterable[str]] = ..., mqtt_username: _Optional[str] = ..., mqtt_password: _Optional[str] = ..., epoch: _Optional[int] = ..., resync_spread_ms: _Optional[int] = ..., lease_ms: _Optional[int] = ..., fence_grace_ms: _Optional[int] = ...) -> None: ...
 
 class NodeHeartbeat(_message.Message):
-    __slots__ = ("node_id", "session", "seq", "containers", "gpu_health", "healthy", "health_report", "usage", "telemetry")
+    __slots__ = ("node_id", "session", "seq", "containers", "gpu_health", "healthy", "health_report", "usage", "telemetry", "images_added", "images_removed")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -554,6 +604,8 @@ class NodeHeartbeat(_message.Message):
     HEALTH_REPORT_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_ADDED_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_REMOVED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     session: str
     seq: int
@@ -563,7 +615,9 @@ class NodeHeartbeat(_message.Message):
     health_report: str
     usage: _containers.RepeatedCompositeFieldContainer[ContainerUsage]
     telemetry: bytes
-    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., seq: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., gpu_health: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., healthy: _Optional[bool] = ..., health_report: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[ContainerUsage, _Mapping]]] = ..., telemetry: _Optional[bytes] = ...) -> None: ...
+    images_added: _containers.RepeatedScalarFieldContainer[str]
+    images_removed: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., seq: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., gpu_health: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., healthy: _Optional[bool] = ..., health_report: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[ContainerUsage, _Mapping]]] = ..., telemetry: _Optional[bytes] = ..., images_added: _Optional[_Iterable[str]] = ..., images_removed: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ContainerUsage(_message.Message):
     __slots__ = ("container_id", "summary", "rightsize")
@@ -586,14 +640,20 @@ class StopOrder(_message.Message):
     def __init__(self, container_id: _Optional[str] = ..., grace_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("ack_seq", "action", "stop")
+    __slots__ = ("ack_seq", "action", "stop", "heartbeat_interval_ms", "lease_ms", "fence_grace_ms")
     ACK_SEQ_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    FENCE_GRACE_MS_FIELD_NUMBER: _ClassVar[int]
     ack_seq: int
     action: HeartbeatAction
     stop: _containers.RepeatedCompositeFieldContainer[StopOrder]
-    def __init__(self, ack_seq: _Optional[int] = ..., action: _Optional[_Union[HeartbeatAction, str]] = ..., stop: _Optional[_Iterable[_Union[StopOrder, _Mapping]]] = ...) -> None: ...
+    heartbeat_interval_ms: int
+    lease_ms: int
+    fence_grace_ms: int
+    def __init__(self, ack_seq: _Optional[int] = ..., action: _Optional[_Union[HeartbeatAction, str]] = ..., stop: _Optional[_Iterable[_Union[StopOrder, _Mapping]]] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_ms: _Optional[int] = ..., fence_grace_ms: _Optional[int] = ...) -> None: ...
 
 class RegisterAMRequest(_message.Message):
     __slots__ = ("job_id", "am_attempt", "host")
@@ -722,7 +782,7 @@ class PreemptionNotice(_message.Message):
     def __init__(self, container_ids: _Optional[_Iterable[str]] = ..., deadline_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class AllocateResponse(_message.Message):
-    __slots__ = ("response_id", "grants", "completed", "preemption", "kill_requested", "cluster_gpus", "view", "preemptible_containers", "renewed", "am_token", "target_gpus", "steady_interval_ms")
+    __slots__ = ("response_id", "grants", "completed", "preemption", "kill_requested", "cluster_gpus", "view", "preemptible_containers", "renewed", "am_token", "target_gpus", "steady_interval_ms", "plan_now", "expected_run_ms")
     RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
     GRANTS_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_FIELD_NUMBER: _ClassVar[int]
@@ -735,6 +795,8 @@ class AllocateResponse(_message.Message):
     AM_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TARGET_GPUS_FIELD_NUMBER: _ClassVar[int]
     STEADY_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_NOW_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_RUN_MS_FIELD_NUMBER: _ClassVar[int]
     response_id: int
     grants: _containers.RepeatedCompositeFieldContainer[ContainerGrant]
     completed: _containers.RepeatedCompositeFieldContainer[ContainerStatus]
@@ -747,7 +809,9 @@ class AllocateResponse(_message.Message):
     am_token: str
     target_gpus: int
     steady_interval_ms: int
-    def __init__(self, response_id: _Optional[int] = ..., grants: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., completed: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., preemption: _Optional[_Union[PreemptionNotice, _Mapping]] = ..., kill_requested: _Optional[bool] = ..., cluster_gpus: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ..., preemptible_containers: _Optional[_Iterable[str]] = ..., renewed: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., am_token: _Optional[str] = ..., target_gpus: _Optional[int] = ..., steady_interval_ms: _Optional[int] = ...) -> None: ...
+    plan_now: bool
+    expected_run_ms: int
+    def __init__(self, response_id: _Optional[int] = ..., grants: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., completed: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., preemption: _Optional[_Union[PreemptionNotice, _Mapping]] = ..., kill_requested: _Optional[bool] = ..., cluster_gpus: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ..., preemptible_containers: _Optional[_Iterable[str]] = ..., renewed: _Optional[_Iterable[_Union[ContainerGrant, _Mapping]]] = ..., am_token: _Optional[str] = ..., target_gpus: _Optional[int] = ..., steady_interval_ms: _Optional[int] = ..., plan_now: _Optional[bool] = ..., expected_run_ms: _Optional[int] = ...) -> None: ...
 
 class FinishAMRequest(_message.Message):
     __slots__ = ("job_id", "am_attempt", "final_state", "diagnostics", "exit_code", "attempts")
@@ -794,20 +858,22 @@ class GetJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("states", "queue", "user", "limit", "page_size", "page_token")
+    __slots__ = ("states", "queue", "user", "limit", "page_size", "page_token", "name")
     STATES_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
     states: _containers.RepeatedScalarFieldContainer[JobState]
     queue: str
     user: str
     limit: int
     page_size: int
     page_token: str
-    def __init__(self, states: _Optional[_Iterable[_Union[JobState, str]]] = ..., queue: _Optional[str] = ..., user: _Optional[str] = ..., limit: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    name: str
+    def __init__(self, states: _Optional[_Iterable[_Union[JobState, str]]] = ..., queue: _Optional[str] = ..., user: _Optional[str] = ..., limit: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class AccountingRequest(_message.Message):
     __slots__ = ("by", "since_ms", "until_ms", "users", "queues")
@@ -939,12 +1005,24 @@ class GetLogsResponse(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., next_offset: _Optional[int] = ..., size: _Optional[int] = ..., container_id: _Optional[str] = ..., node_id: _Optional[str] = ..., container_done: _Optional[bool] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
-    __slots__ = ("page_size", "page_token")
+    __slots__ = ("page_size", "page_token", "states", "rack", "gpu_model", "min_free_gpus", "name", "brief")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    MIN_FREE_GPUS_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BRIEF_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     page_token: str
-    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    states: _containers.RepeatedScalarFieldContainer[NodeState]
+    rack: str
+    gpu_model: str
+    min_free_gpus: int
+    name: str
+    brief: bool
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., states: _Optional[_Iterable[_Union[NodeState, str]]] = ..., rack: _Optional[str] = ..., gpu_model: _Optional[str] = ..., min_free_gpus: _Optional[int] = ..., name: _Optional[str] = ..., brief: _Optional[bool] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes", "next_page_token", "total")
@@ -957,7 +1035,7 @@ class ListNodesResponse(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., total: _Optional[int] = ...) -> None: ...
 
 class QueueInfo(_message.Message):
-    __slots__ = ("path", "weight", "min_gpus", "max_gpus", "steady_share", "instantaneous_share", "used_gpus", "pending_gpus", "running_jobs", "queued_jobs", "leaf", "preemptible", "policy", "max_running_jobs", "starved_since_ms", "used", "pending")
+    __slots__ = ("path", "weight", "min_gpus", "max_gpus", "steady_share", "instantaneous_share", "used_gpus", "pending_gpus", "running_jobs", "queued_jobs", "leaf", "preemptible", "policy", "max_running_jobs", "starved_since_ms", "used", "pending", "below_guarantee_s")
     PATH_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     MIN_GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -975,6 +1053,7 @@ class QueueInfo(_message.Message):
     STARVED_SINCE_MS_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
+    BELOW_GUARANTEE_S_FIELD_NUMBER: _ClassVar[int]
     path: str
     weight: float
     min_gpus: int
@@ -992,7 +1071,24 @@ class QueueInfo(_message.Message):
     starved_since_ms: int
     used: float
     pending: float
-    def __init__(self, path: _Optional[str] = ..., weight: _Optional[float] = ..., min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., steady_share: _Optional[int] = ..., instantaneous_share: _Optional[int] = ..., used_gpus: _Optional[int] = ..., pending_gpus: _Optional[int] = ..., running_jobs: _Optional[int] = ..., queued_jobs: _Optional[int] = ..., leaf: _Optional[bool] = ..., preemptible: _Optional[bool] = ..., policy: _Optional[str] = ..., max_running_jobs: _Optional[int] = ..., starved_since_ms: _Optional[int] = ..., used: _Optional[float] = ..., pending: _Optional[float] = ...) -> None: ...
+    below_guarantee_s: float
+    def __init__(self, path: _Optional[str] = ..., weight: _Optional[float] = ..., min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., steady_share: _Optional[int] = ..., instantaneous_share: _Optional[int] = ..., used_gpus: _Optional[int] = ..., pending_gpus: _Optional[int] = ..., running_jobs: _Optional[int] = ..., queued_jobs: _Optional[int] = ..., leaf: _Optional[bool] = ..., preemptible: _Optional[bool] = ..., policy: _Optional[str] = ..., max_running_jobs: _Optional[int] = ..., starved_since_ms: _Optional[int] = ..., used: _Optional[float] = ..., pending: _Optional[float] = ..., below_guarantee_s: _Optional[float] = ...) -> None: ...
+
+class SizeClassQueueing(_message.Message):
+    __slots__ = ("size", "started", "mean_s", "p99_s", "waiting", "longest_wait_s")
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    MEAN_S_FIELD_NUMBER: _ClassVar[int]
+    P99_S_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    LONGEST_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    size: str
+    started: int
+    mean_s: float
+    p99_s: float
+    waiting: int
+    longest_wait_s: float
+    def __init__(self, size: _Optional[str] = ..., started: _Optional[int] = ..., mean_s: _Optional[float] = ..., p99_s: _Optional[float] = ..., waiting: _Optional[int] = ..., longest_wait_s: _Optional[float] = ...) -> None: ...
 
 class ListQueuesRequest(_message.Message):
     __slots__ = ("page_size", "page_token")
@@ -1003,16 +1099,22 @@ class ListQueuesRequest(_message.Message):
     def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListQueuesResponse(_message.Message):
-    __slots__ = ("queues", "capacity", "next_page_token", "total")
+    __slots__ = ("queues", "capacity", "next_page_token", "total", "by_size", "borrowing", "borrowing_preemptions")
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BY_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BORROWING_FIELD_NUMBER: _ClassVar[int]
+    BORROWING_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     queues: _containers.RepeatedCompositeFieldContainer[QueueInfo]
     capacity: int
     next_page_token: str
     total: int
-    def __init__(self, queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., capacity: _Optional[int] = ..., next_page_token: _Optional[str] = ..., total: _Optional[int] = ...) -> None: ...
+    by_size: _containers.RepeatedCompositeFieldContainer[SizeClassQueueing]
+    borrowing: str
+    borrowing_preemptions: int
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., capacity: _Optional[int] = ..., next_page_token: _Optional[str] = ..., total: _Optional[int] = ..., by_size: _Optional[_Iterable[_Union[SizeClassQueueing, _Mapping]]] = ..., borrowing: _Optional[str] = ..., borrowing_preemptions: _Optional[int] = ...) -> None: ...
 
 class ClusterInfoRequest(_message.Message):
     __slots__ = ()

@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from gpurm.queues.fields import ConfigError, Problems, Reader, parse_duration
-from gpurm.queues.tree import EVERYONE, Policy, PreemptionSettings, QueueDef, QueueTree
+from gpurm.common.fields import ConfigError, Problems, Reader, parse_duration
+from gpurm.queues.tree import EVERYONE, Borrowing, Policy, PreemptionSettings, QueueDef, QueueTree
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_NAME = 64                    # characters of a queue name
@@ -160,6 +160,20 @@ def _acl(r: Reader) -> tuple[list[str] | None, list[str] | None]:
     return submit, admin
 
 
+def _borrowing(r: Reader) -> Borrowing:
+    """The root's `borrowing`: fair (the default), las or gittins. srtf needs job durations, which only a trace
+    has: `gpurm sim --borrowing srtf`."""
+    if not r.has("borrowing"):
+        r.seen.add("borrowing")
+        return Borrowing.FAIR
+    text = r.text("borrowing", "fair")
+    if text in ("fair", "las", "gittins"):
+        return Borrowing(text)
+    r.error("borrowing", f"must be one of fair, las, gittins; got {text!r:.40}"
+            + (" (srtf needs job durations: `gpurm sim --borrowing srtf` only)" if text == "srtf" else ""))
+    return Borrowing.FAIR
+
+
 def _queue(name: str, path: str, data: Any, p: Problems, inherited: PreemptionSettings) -> QueueDef:
     r = Reader(data, path, p)
     if path.count(".") > MAX_DEPTH:
@@ -271,13 +285,14 @@ def parse_queues(text: str, source: str = "queues.yaml") -> QueueTree:
             root.policy = Policy(text_policy)
         else:
             r.error("policy", f"must be one of fifo, las, gittins; got {text_policy!r}")
+    borrowing = _borrowing(r)
     children = r.raw("queues")
     r.reject_unknown()
     if not children:
         p.add("queues", "is required: at least one queue")
     else:
         root.children = _children(children, "root", p, preemption)
-    tree = QueueTree(root, preemption, source=text)
+    tree = QueueTree(root, preemption, source=text, borrowing=borrowing)
     count = sum(1 for _ in tree.walk()) - 1
     if count > MAX_QUEUES:
         p.add("queues", f"{count} queues; at most {MAX_QUEUES}")

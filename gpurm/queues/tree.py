@@ -18,6 +18,22 @@ class Policy(enum.Enum):
     GITTINS = "gittins"   # Tiresias' 2D-Gittins index from the sizes of finished jobs (las until enough finished)
 
 
+class Borrowing(enum.Enum):
+    """How borrowed capacity (GPUs held beyond a queue's steady share) is ordered across queues: `fair` (YARN: the
+    queue furthest below its share) or a policy ranking every job beyond its queue's steady share cluster-wide, as
+    one Tiresias queue (DESIGN.md; rm/sched/borrowing.py)."""
+
+    FAIR = "fair"
+    LAS = "las"
+    GITTINS = "gittins"
+    SRTF = "srtf"         # needs job durations: the simulator's oracle only
+
+    @property
+    def policy(self) -> Policy | None:
+        """The policy borrowers are ranked by; None under `fair`."""
+        return None if self is Borrowing.FAIR else Policy(self.value)
+
+
 @dataclass(frozen=True)
 class PreemptionSettings:
     min_share_timeout_s: float | None = 30.0       # None: never preempt for the min share
@@ -126,6 +142,7 @@ class QueueTree:
     root: QueueDef
     preemption: PreemptionSettings = field(default_factory=PreemptionSettings)
     source: str = ""                # the YAML it came from ("" for the built-in default)
+    borrowing: Borrowing = Borrowing.FAIR   # the root's `borrowing`: how borrowed capacity is ordered
 
     def __post_init__(self) -> None:
         self.by_path: dict[str, QueueDef] = {}

@@ -1,7 +1,7 @@
 """Accounting (`gpurm acct`, like Slurm's sacct / sreport): what finished jobs used, grouped and summed. Pure.
 
 A finished job's usage (`JobUsage`) comes from its records alone, so the figures survive RM restarts. A job that
-left the RM's memory (rm/retention.py) is counted from the compact row written then (the store's `finished`
+left the RM's memory (rm/state/retention.py) is counted from the compact row written then (the store's `finished`
 table, kept for good), the same `JobUsage`:
 
 - GPU-seconds: over every learner container the job ran, in any attempt, its GPUs x its run time (the agent's
@@ -21,8 +21,8 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gpurm.queues.fields import parse_duration
-from gpurm.rm.model import Container, ContainerKind, Job, JobState
+from gpurm.common.fields import parse_duration
+from gpurm.common.model import Container, ContainerKind, Job, JobState
 
 GROUPS = ("user", "queue", "day")
 
@@ -81,7 +81,7 @@ def usages(jobs: Iterable[Job], containers: Iterable[Container]) -> list[JobUsag
 
 
 def with_retired(jobs: dict[str, Job], containers: Iterable[Container], retired: Iterable[JobUsage]) -> list[JobUsage]:
-    """Every finished job's usage: those in memory from their records, those that left memory (rm/retention.py)
+    """Every finished job's usage: those in memory from their records, those that left memory (rm/state/retention.py)
     from their compact rows (a row of a job still in memory is skipped: counted once)."""
     out = usages(jobs.values(), containers)
     out.extend(u for u in retired if u.job_id not in jobs)

@@ -10,13 +10,17 @@ from typing import Any
 
 import yaml
 
-from gpurm.queues.fields import ConfigError, Problems, Reader, parse_address, parse_duration
-from gpurm.rm.limits import ServerLimits, read_limits
-from gpurm.rm.messages import RMSettings
-from gpurm.rm.retention import MIN_MEMORY_S, NEVER, RetentionSettings
-from gpurm.rm.retry import AM_POLICY
-from gpurm.rm.storeurl import parse_store_url
-from gpurm.rm.tls import TLSConfig, read_tls_section
+from gpurm.common.fields import ConfigError, Problems, Reader, parse_address, parse_duration
+from gpurm.common.lease import fence_timing
+from gpurm.common.limits import ServerLimits, read_limits
+from gpurm.common.retry import AM_POLICY
+from gpurm.common.tls import TLSConfig, read_tls_section
+from gpurm.rm.sched.history import LEVELS
+from gpurm.rm.sched.prior import PriorError, load_prior
+from gpurm.rm.state.heartbeats import terms_at
+from gpurm.rm.state.messages import RMSettings
+from gpurm.rm.state.retention import MIN_MEMORY_S, NEVER, RetentionSettings
+from gpurm.rm.storage.url import parse_store_url
 
 
 def default_state_dir(component: str) -> Path:
@@ -29,6 +33,8 @@ def default_state_dir(component: str) -> Path:
 
 HTTP_PORT = 7080                 # the web UI and REST API's default port (docs/http.md)
 MAX_HTTP_BODY = 1 << 20          # bytes of an HTTP request body (a job spec's command and env fit: docs/http.md)
+MAX_RESERVATIONS = 64           # scheduler.reservations: more would drain much of a cluster for the jobs that wait
+MAX_BEAT_INTERVAL_S = 600.0     # heartbeat.max_interval: a server silent 10 x this long is LOST (100 minutes)
 
 
 @dataclass
@@ -73,8 +79,8 @@ class RMConfig:
     store_url: str = ""                     # sqlite:///PATH or postgresql://...; empty: STATE_DIR/state.db
     http: HTTPConfig = field(default_factory=HTTPConfig)
     am_rm_retry_for_s: float = AM_POLICY.give_up_s   # an AM rides out an unreachable RM this long (0: forever)
-    retention: RetentionSettings = field(default_factory=RetentionSettings)   # finished jobs (rm/retention.py)
-    ha: HAConfig = field(default_factory=HAConfig)   # several RMs on one PostgreSQL (rm/leadership.py)
+    retention: RetentionSettings = field(default_factory=RetentionSettings)   # finished jobs (rm/state/retention.py)
+    ha: HAConfig = field(default_factory=HAConfig)   # several RMs on one PostgreSQL (rm/server/leadership.py)
 
     @property
     def advertised(self) -> str:
@@ -143,6 +149,24 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     s.heartbeat_interval_s = hb.duration("interval", s.heartbeat_interval_s)
     s.missed_beats = hb.integer("missed_beats", s.missed_beats, minimum=1)
     s.resync_grace_s = hb.duration("resync_grace", s.resync_grace_s)
+    s.agent_lease_s = hb.duration("lease", s.agent_lease_s)
+    s.fence_grace_s = hb.duration("fence_grace", s.fence_grace_s, maximum=3600.0)
+    s.heartbeat_max_rate = hb.number("max_rate", s.heartbeat_max_rate, minimum=0.0, maximum=1e6)
+    s.heartbeat_max_interval_s = hb.duration("max_interval", s.heartbeat_max_interval_s, maximum=MAX_BEAT_INTERVAL_S)
+    if s.heartbeat_interval_s > 0:
+        timing = fence_timing(s.heartbeat_interval_s, s.missed_beats, s.agent_lease_s, s.fence_grace_s)
+        for key, why in timing.problems():
+            hb.error(key, why)
+        s.agent_lease_s = timing.lease_s
+        if s.heartbeat_max_rate > 0 and s.heartbeat_max_interval_s < s.heartbeat_interval_s:
+            hb.error("max_interval", f"must be at least heartbeat.interval ({s.heartbeat_interval_s:g}s), got "
+                                     f"{s.heartbeat_max_interval_s:g}s (set max_rate: 0 for a fixed interval)")
+        elif not timing.problems() and s.heartbeat_max_rate > 0:
+            # The lease scales with the interval (rm/state/heartbeats.py): safe at every interval when safe at the
+            # base one. Checked at the longest, all the same.
+            top = terms_at(s, s.heartbeat_max_interval_s)
+            for key, why in fence_timing(top.interval_s, s.missed_beats, top.lease_s, top.grace_s).problems():
+                hb.error("max_interval", f"at {top.interval_s:g}s ({key}): {why}")
     hb.reject_unknown()
     c = r.section("containers")
     s.container_start_timeout_s = c.duration("start_timeout", s.container_start_timeout_s)
@@ -175,6 +199,10 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     cfg.limits = read_limits(r)
     sch = r.section("scheduler")
     cfg.scheduler_interval_s = sch.duration("interval", cfg.scheduler_interval_s)
+    s.am_launch_coalesce_s = cfg.scheduler_interval_s     # a burst of submits: one AM launch per interval
+    s.reservations = sch.integer("reservations", s.reservations, minimum=0, maximum=MAX_RESERVATIONS)
+    s.reserve_after_s = sch.duration("reserve_after", s.reserve_after_s)
+    read_history_section(sch.section("history"), s, path.parent if path is not None else None)
     sch.reject_unknown()
     if s.heartbeat_interval_s <= 0:
         hb.error("interval", "must be above 0")
@@ -200,6 +228,23 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     r.reject_unknown()
     p.raise_if_any()
     return cfg
+
+
+def read_history_section(h: Reader, s: RMSettings, base: Path | None) -> None:
+    """`scheduler.history`: what the run-time estimates and `gittins` condition on (`group_by`), and the finished
+    jobs they start from (`prior`: a CSV file, rm/sched/prior.py)."""
+    s.history_conditioning = h.text("group_by", s.history_conditioning, choices=LEVELS)
+    raw = h.raw("prior")
+    if raw is not None:
+        if not isinstance(raw, str) or not raw:
+            h.error("prior", f"must be the path of a CSV file of finished jobs, got {raw!r:.40}")
+        else:
+            file = Path(raw) if Path(raw).is_absolute() or base is None else base / raw
+            try:
+                s.history_prior = load_prior(file)
+            except PriorError as exc:
+                h.error("prior", str(exc))
+    h.reject_unknown()
 
 
 def read_las_thresholds(r: Reader, default: tuple[float, ...]) -> tuple[float, ...]:
@@ -248,7 +293,7 @@ def _keep_for(r: Reader, key: str, default: float) -> float:
 
 def read_retention_section(r: Reader) -> RetentionSettings:
     """`retention: {memory: 1h, store: 30d}`: how long finished jobs stay in memory, then their detail in the
-    store (rm/retention.py); `never` keeps them. memory at least 1m; store at least memory."""
+    store (rm/state/retention.py); `never` keeps them. memory at least 1m; store at least memory."""
     out = RetentionSettings()
     t = r.section("retention")
     out.memory_s = _keep_for(t, "memory", out.memory_s)

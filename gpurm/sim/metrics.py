@@ -17,7 +17,9 @@ Definitions used in `summary.json`:
 - `load_factor` is the offered GPU-time over capacity x the span of submissions.
 - `locality_by_size`: `locality` for finished jobs of 2-4, 5-8, 9-16 and 17+ GPUs (`LOCALITY_CLASSES`; null
   where there are none); `queue_by_class` / `jobs_by_class`: average queueing delay and count of finished jobs
-  for 1 GPU and the same classes.
+  for 1 GPU and the same classes; `queue_p99_by_class` their p99 queueing delay; `queue_ratio_by_class` each
+  class's average queueing over the one-GPU jobs' (floor 600 s: a class is starved when far above 1; null where a
+  class has no finished jobs).
 - `mean_slowdown`: the time-weighted mean placement slowdown: the sum over jobs of the integral of 1 / rate over
   the time their learners made progress, divided by that time (1.0: everything ran at full speed, as always
   under the `ideal` run-time model); `mean_slowdown_multi_server`: the same over jobs whose last placement spanned
@@ -31,6 +33,9 @@ Definitions used in `summary.json`:
   GPUs than it had (the RM's `QueueBook.waiting`, taken after every settle: the set holds until the next);
   `fairness`: the queue with the most such time (`worst_queue`, `max_below_share_s`, and that as a share of the
   makespan) and the mean over the queues that ever were below their share.
+- `per_queue[q].below_guarantee_s`: seconds queue q used fewer GPUs than min(its demand, its steady share): its
+  guarantee unmet; `fairness.worst_guarantee_queue`, `max_below_guarantee_s`, `max_below_guarantee_fraction`
+  (of the makespan) and `mean_below_guarantee_s` summarize it as for the share.
 
 Nothing here imports matplotlib: plots live in `plots.py`, so reading a summary stays cheap.
 """
@@ -78,6 +83,14 @@ def locality_class(gpus: int) -> str:
     if gpus <= 8:
         return size_class(gpus)
     return "9-16" if gpus <= 16 else "17+"
+
+
+RATIO_FLOOR_S = 600.0     # the one-GPU jobs' queueing taken as at least this when classes are compared
+
+
+def _ratios(means: Mapping[str, float | None]) -> dict[str, float | None]:
+    base = max(means.get("1") or 0.0, RATIO_FLOOR_S)
+    return {c: (m / base if m is not None else None) for c, m in means.items()}
 
 
 def _share_packed(jobs: Sequence[JobResult]) -> float | None:
@@ -141,22 +154,36 @@ class Timeline:
     # Fairness: seconds each leaf queue spent below its instantaneous fair share while it wanted more GPUs than
     # it had (the RM's `QueueBook.waiting`), and the set below it since `_below_since`.
     below_share_s: dict[str, float] = field(default_factory=dict)
+    # The same for the guarantee: seconds each queue used less than min(its demand, its steady share).
+    below_guarantee_s: dict[str, float] = field(default_factory=dict)
     _below: frozenset[str] = frozenset()
     _below_since: float = 0.0
+    _under: frozenset[str] = frozenset()
+    _under_since: float = 0.0
 
-    def mark_below(self, now: float, below: Iterable[str]) -> None:
-        """From `now` on, the queues in `below` are the ones below their share with unmet demand."""
+    def mark_below(self, now: float, below: Iterable[str], under: Iterable[str] | None = None) -> None:
+        """From `now` on, the queues in `below` are the ones below their share with unmet demand, and those in
+        `under` (when given) the ones below their guarantee."""
         below = frozenset(below)
-        if below == self._below:
-            return
-        self.close_below(now)
-        self._below = below
+        if below != self._below:
+            self._close(self.below_share_s, self._below, self._below_since, now)
+            self._below, self._below_since = below, now
+        if under is not None:
+            under = frozenset(under)
+            if under != self._under:
+                self._close(self.below_guarantee_s, self._under, self._under_since, now)
+                self._under, self._under_since = under, now
 
     def close_below(self, now: float) -> None:
-        """Count the time since the last change for the queues below their share then."""
-        for name in self._below:
-            self.below_share_s[name] = self.below_share_s.get(name, 0.0) + max(0.0, now - self._below_since)
-        self._below_since = now
+        """Count the time since the last change for the queues below their share (and guarantee) then."""
+        self._close(self.below_share_s, self._below, self._below_since, now)
+        self._close(self.below_guarantee_s, self._under, self._under_since, now)
+        self._below_since = self._under_since = now
+
+    @staticmethod
+    def _close(seconds: dict[str, float], members: frozenset[str], since: float, now: float) -> None:
+        for name in members:
+            seconds[name] = seconds.get(name, 0.0) + max(0.0, now - since)
 
     def record(self, now: float, per_queue: Mapping[str, float]) -> None:
         """Append the allocation per queue at `now` (queues not named hold 0).
@@ -263,6 +290,9 @@ def summarize(results: list[JobResult], timeline: Timeline, capacity_gpus: int, 
     below: dict[str, float] = {}
     for name, seconds in timeline.below_share_s.items():
         below[queue_key(name)] = below.get(queue_key(name), 0.0) + seconds
+    under: dict[str, float] = {}
+    for name, seconds in timeline.below_guarantee_s.items():
+        under[queue_key(name)] = under.get(queue_key(name), 0.0) + seconds
     queue_gpu_s: dict[str, float] = {}
     for name, gpu_s in timeline.queue_integrals(first_submit, last_finish).items():
         queue_gpu_s[queue_key(name)] = queue_gpu_s.get(queue_key(name), 0.0) + gpu_s
@@ -282,6 +312,7 @@ def summarize(results: list[JobResult], timeline: Timeline, capacity_gpus: int, 
             "gpu_seconds_allocated": queue_gpu_s.get(name, 0.0),
             "gpu_time_share": queue_gpu_s.get(name, 0.0) / total_queue_gpu_s if total_queue_gpu_s > 0 else 0.0,
             "below_share_s": below.get(name, 0.0),
+            "below_guarantee_s": under.get(name, 0.0),
         }
 
     by_size: dict[str, list[float]] = {c: [] for c in SIZE_CLASSES}
@@ -311,12 +342,14 @@ def summarize(results: list[JobResult], timeline: Timeline, capacity_gpus: int, 
         "jobs_by_size": {c: len(v) for c, v in by_size.items()},
         "locality_by_size": {c: _share_packed(by_class[c]) for c in LOCALITY_CLASSES},
         "queue_by_class": {c: _mean([r.queue_s for r in v]) for c, v in by_class.items()},
+        "queue_p99_by_class": {c: percentile(sorted(r.queue_s for r in v), 99) for c, v in by_class.items()},
+        "queue_ratio_by_class": _ratios({c: _mean([r.queue_s for r in v]) for c, v in by_class.items()}),
         "jobs_by_class": {c: len(v) for c, v in by_class.items()},
         "mean_slowdown": _weighted_slowdown(results),
         "mean_slowdown_multi_server": _weighted_slowdown([r for r in results if r.servers > 1]),
         "gpu_hours_lost_preemption": math.fsum(r.lost_preemption_gpu_s for r in results) / 3600.0,
         "gpu_hours_lost_failures": math.fsum(r.lost_failure_gpu_s for r in results) / 3600.0,
-        "fairness": _fairness(below, makespan),
+        "fairness": {**_fairness(below, makespan), **_guarantees(under, makespan)},
         "avg_jct_excess_s": _mean(excess),
         "p50_jct_excess_s": percentile(excess, 50),
         "p99_jct_excess_s": percentile(excess, 99),
@@ -333,13 +366,23 @@ def summarize(results: list[JobResult], timeline: Timeline, capacity_gpus: int, 
 def _fairness(below: Mapping[str, float], makespan: float) -> dict[str, object]:
     """How long queues spent below their fair share while they wanted more: the worst queue and the mean over
     the queues that ever were (seconds, and as a share of the makespan)."""
-    if not below:
-        return {"worst_queue": None, "max_below_share_s": 0.0, "mean_below_share_s": 0.0,
-                "max_below_share_fraction": 0.0}
-    worst = max(sorted(below), key=lambda q: below[q])
-    return {"worst_queue": worst, "max_below_share_s": below[worst],
-            "mean_below_share_s": math.fsum(below.values()) / len(below),
-            "max_below_share_fraction": below[worst] / makespan if makespan > 0 else 0.0}
+    return _worst_and_mean(below, makespan, "worst_queue", "below_share")
+
+
+def _guarantees(under: Mapping[str, float], makespan: float) -> dict[str, object]:
+    """How long queues used less than min(their demand, their steady share): the same figures."""
+    return _worst_and_mean(under, makespan, "worst_guarantee_queue", "below_guarantee")
+
+
+def _worst_and_mean(seconds: Mapping[str, float], makespan: float, worst_key: str, what: str) -> dict[str, object]:
+    """The queue with the most `seconds` (ties: the first by name), its seconds and share of the makespan, and the
+    mean over the queues named, under the keys `worst_key`, max_`what`_s, max_`what`_fraction, mean_`what`_s."""
+    if not seconds:
+        return {worst_key: None, f"max_{what}_s": 0.0, f"mean_{what}_s": 0.0, f"max_{what}_fraction": 0.0}
+    worst = max(sorted(seconds), key=lambda q: seconds[q])
+    return {worst_key: worst, f"max_{what}_s": seconds[worst],
+            f"mean_{what}_s": math.fsum(seconds.values()) / len(seconds),
+            f"max_{what}_fraction": seconds[worst] / makespan if makespan > 0 else 0.0}
 
 
 def _json_safe(value: object) -> object:

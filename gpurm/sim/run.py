@@ -20,12 +20,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpurm.common.fields import ConfigError
 from gpurm.queues.config import parse_queues
-from gpurm.queues.fields import ConfigError
-from gpurm.queues.tree import Policy, QueueDef, QueueTree
+from gpurm.queues.tree import Borrowing, Policy, QueueDef, QueueTree
+from gpurm.rm.sched.history import DEFAULT_CONDITIONING, Finished
+from gpurm.rm.state.messages import RESERVATIONS, RESERVE_AFTER_S
 from gpurm.sim import metrics
 from gpurm.sim.clusterspec import SimServer, parse_cluster, total_gpus
-from gpurm.sim.engine import Engine, RelaxPolicy, SimOptions, SimResult
+from gpurm.sim.engine import Engine
+from gpurm.sim.options import RelaxPolicy, SimOptions, SimResult
 from gpurm.sim.runtime import RuntimeConfig, RuntimeModel, load_config
 from gpurm.sim.trace import Trace, load_trace, make_elastic
 
@@ -46,6 +49,7 @@ class SimRequest:
     out: Path
     queues: Path | None = None
     policy: Policy | None = None      # None: each leaf's own policy (fifo unless the queue config says)
+    borrowing: Borrowing | None = None   # None: the queue config's `borrowing` (fair unless it says)
     window: tuple[str, str] | None = None
     failures_per_1000_gpu_h: float = 0.0
     seed: int = 0
@@ -57,6 +61,10 @@ class SimRequest:
     relax: RelaxPolicy = RelaxPolicy.TIMEOUT
     elastic_share: float = 0.0        # the share of jobs made elastic (trace.make_elastic), placement model only
     elastic_max: float = 2.0          # ... growing up to this many times their GPUs
+    reservations: int = RESERVATIONS       # reservations at once (rm/sched/reservations.py)
+    reserve_after_s: float = RESERVE_AFTER_S
+    history_by: str = DEFAULT_CONDITIONING     # what the history conditions on (rm/sched/history.py LEVELS)
+    history_prior: tuple[Finished, ...] = ()   # finished jobs it starts from (rm/sched/prior.py)
 
 
 @dataclass
@@ -179,8 +187,11 @@ def _run(req: SimRequest, progress: Progress | None) -> SimOutcome:
         raise SimInputError(f"--failures: must be at least 0, got {req.failures_per_1000_gpu_h:g}")
     config = runtime_config(req)
     trace, servers, tree = load_inputs(req)
-    options = SimOptions(policy=req.policy, failures_per_1000_gpu_h=req.failures_per_1000_gpu_h, seed=req.seed,
-                         runtime=config, relax=req.relax)
+    options = SimOptions(policy=req.policy, borrowing=req.borrowing,
+                         failures_per_1000_gpu_h=req.failures_per_1000_gpu_h, seed=req.seed,
+                         runtime=config, relax=req.relax, reservations=req.reservations,
+                         reserve_after_s=req.reserve_after_s, history_by=req.history_by,
+                         history_prior=req.history_prior)
     engine = Engine(trace, servers, tree, options)
     result = engine.run(progress)
     capacity = total_gpus(servers)
@@ -188,14 +199,19 @@ def _run(req: SimRequest, progress: Progress | None) -> SimOutcome:
     inputs: dict[str, object] = {
         "trace": str(req.trace), "format": req.fmt, "cluster": req.cluster, "servers": len(servers),
         "queues": str(req.queues) if req.queues else None, "policy": req.policy.value if req.policy else None,
+        "borrowing": result.borrowing,
         "window": list(req.window) if req.window else None, "failures_per_1000_gpu_h": req.failures_per_1000_gpu_h,
         "seed": req.seed, "relax": req.relax.value, "trace_rows_fixed": len(trace.fixed),
         "elastic_share": req.elastic_share, "elastic_max": req.elastic_max,
         "elastic_jobs": sum(1 for j in trace.jobs if j.max_gpus),
+        "reservations": req.reservations, "reserve_after_s": req.reserve_after_s,
+        "history_by": req.history_by, "history_prior_jobs": len(req.history_prior),
         "trace_rows_skipped": len(trace.skipped),
     }
     summary = metrics.summarize(result.results, result.timeline, capacity, load, result.wall_s,
                                 extra={"inputs": inputs, "events": result.events,
+                                       "borrowing": {"policy": result.borrowing,
+                                                     "preemptions": result.borrow_preemptions},
                                        "runtime": {"model": req.runtime_model.value,
                                                    **(dataclasses.asdict(config) if config else {})}})
     req.out.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from gpurm.rm.jobspec import LocalityMode
+from gpurm.common.jobspec import LocalityMode
 
 # Philly, ATC'19 (Jeon et al., "Analysis of Large-Scale Multi-Tenant GPU Clusters for DNN Training Workloads"),
 # section 4.2 / Table 4 and its talk: a 16-GPU job reached 43.66% mean GPU utilisation on 2 servers and 28.56% on 8.

@@ -67,8 +67,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from gpurm.queues.fields import parse_duration
-from gpurm.rm.jobspec import Locality, LocalityLevel, LocalityMode, Placement, share_milli
+from gpurm.common.fields import parse_duration
+from gpurm.common.jobspec import Locality, LocalityLevel, LocalityMode, Placement, share_milli
 
 FORMATS = ("philly-csv", "philly-joblog", "tiresias", "jsonl")
 DEFAULT_QUEUE = "default"

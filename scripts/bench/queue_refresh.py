@@ -19,10 +19,10 @@ from pathlib import Path
 import grpc
 import yaml
 
+from gpurm.common.fields import ConfigError
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
 from gpurm.queues.config import MAX_QUEUES, MAX_YAML_BYTES, parse_queues
-from gpurm.queues.fields import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 

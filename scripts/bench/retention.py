@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.model import (
+from gpurm.common.jobspec import JobSpec
+from gpurm.common.model import (
     Attempt,
     Container,
     ContainerKind,
@@ -31,7 +31,7 @@ from gpurm.rm.model import (
     JobState,
     Learner,
 )
-from gpurm.rm.store import SqliteStore
+from gpurm.rm.storage.store import SqliteStore
 
 T0 = time.time() - 20 * 86400   # the jobs finish 20 to 8 days ago: past retention.memory, within store
 
@@ -72,7 +72,7 @@ def fill(path: Path, jobs: int) -> float:
 
 def measure(path: Path) -> None:
     """In this (fresh) process: load + restore, then RSS; one JSON line."""
-    from gpurm.rm.core import RMCore
+    from gpurm.rm.state.core import RMCore
 
     began = time.perf_counter()
     store = SqliteStore(path)
@@ -88,7 +88,7 @@ def measure(path: Path) -> None:
             rss_kib = int(line.split()[1])
     print(json.dumps({"load_s": loaded - began, "restore_s": done - loaded, "total_s": done - began,
                       "rss_mib": rss_kib / 1024, "jobs_in_memory": len(core.jobs),
-                      "gittins_sizes": len(core.gittins.sizes)}))
+                      "gittins_sizes": len(core.history.sizes())}))
 
 
 def fresh(path: Path) -> dict[str, float]:
@@ -98,7 +98,7 @@ def fresh(path: Path) -> dict[str, float]:
 
 
 def baseline_rss() -> float:
-    code = ("import gpurm.rm.core, gpurm.rm.store, pathlib\n"
+    code = ("import gpurm.rm.state.core, gpurm.rm.storage.store, pathlib\n"
             "print([int(l.split()[1]) for l in pathlib.Path('/proc/self/status').read_text().splitlines()"
             " if l.startswith('VmRSS:')][0])")
     return int(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout) / 1024
@@ -106,8 +106,8 @@ def baseline_rss() -> float:
 
 def retire_all(path: Path, memory_s: float) -> tuple[float, int]:
     """One RM start's retention work on an old store: load, then passes until nothing is due (timed)."""
-    from gpurm.rm.core import RMCore
-    from gpurm.rm.retention import Retention, RetentionSettings
+    from gpurm.rm.state.core import RMCore
+    from gpurm.rm.state.retention import Retention, RetentionSettings
 
     store = SqliteStore(path)
     snap = store.load()
@@ -173,7 +173,8 @@ def main() -> int:
         with_ret = fresh(kept)
         print(f"with retention: restart {with_ret['total_s']:.2f} s (load {with_ret['load_s']:.2f} s + restore "
               f"{with_ret['restore_s']:.2f} s), RSS {with_ret['rss_mib']:.0f} MiB, "
-              f"{with_ret['jobs_in_memory']:.0f} jobs in memory, gittins keeps {with_ret['gittins_sizes']:.0f} sizes")
+              f"{with_ret['jobs_in_memory']:.0f} jobs in memory, the history keeps "
+              f"{with_ret['gittins_sizes']:.0f} sizes")
         per_job_kib = (without["rss_mib"] - with_ret["rss_mib"]) * 1024 / args.jobs
         print(f"RSS per finished job in memory: {per_job_kib:.1f} KiB")
     finally:

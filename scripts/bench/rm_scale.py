@@ -8,6 +8,8 @@ import contextlib
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,11 +25,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from gpurm.common.callers import USER_KEY  # noqa: E402
 from gpurm.proto import gpurm_pb2 as pb  # noqa: E402
 from gpurm.proto import gpurm_pb2_grpc as pbg  # noqa: E402
-from gpurm.rm.pgstore import PostgresStore  # noqa: E402
-from gpurm.rm.service import USER_KEY  # noqa: E402
-from gpurm.rm.store import SqliteStore  # noqa: E402
+from gpurm.rm.storage.postgres import PostgresStore  # noqa: E402
+from gpurm.rm.storage.store import SqliteStore  # noqa: E402
 from tests.conftest import run_broker  # noqa: E402
 from tests.integration.rmproc import USER, RMProcess  # noqa: E402
 from tests.pg import run_postgres  # noqa: E402
@@ -197,6 +199,50 @@ class FleetProc:
             self.proc.kill()
 
 
+# ---------------------------------------------------------------- profiling
+
+
+def start_profile(pid: int, path: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling the RM (100 Hz, stacks by function) until stop_profile; collapsed stacks into `path`."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists():
+        raise SystemExit("--profile needs py-spy: pip install py-spy (into .venv)")
+    proc = subprocess.Popen([spy, "record", "-p", str(pid), "-f", "raw", "-F", "--nonblocking", "-o", str(path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)            # attached before what is measured starts
+    return proc
+
+
+def stop_profile(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGINT)     # py-spy writes its file and exits
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def profile_summary(path: Path, top: int = 25) -> list[tuple[str, float, float]]:
+    """(function, % of samples on the stack, % of samples at the top) from py-spy's collapsed stacks, the
+    functions most on the stack first: where the RM's time goes."""
+    inclusive: dict[str, int] = {}
+    own: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        frames = [re.sub(r" \(([^)]*?)(?::\d+)?\)$", r" (\1)", f) for f in stack.split(";")]
+        for f in set(frames):
+            inclusive[f] = inclusive.get(f, 0) + count
+        own[frames[-1]] = own.get(frames[-1], 0) + count
+    # The frames that only wrap a whole thread (main(), Thread.run, ...) say nothing: left out.
+    ranked = sorted(((f, n) for f, n in inclusive.items() if own.get(f, 0) or n < 0.4 * total),
+                    key=lambda kv: -kv[1])[:top]
+    return [(f, 100 * n / total, 100 * own.get(f, 0) / total) for f, n in ranked] if total else []
+
+
 # ---------------------------------------------------------------- submitting
 
 
@@ -299,10 +345,13 @@ def fleet_stats(fleets: list[FleetProc]) -> dict[str, Any]:
         out[key] = max(p[key] for p in parts)
     out["am_process_lag_p99_ms"] = max((p["fleet_lag_p99_ms"] for p in parts if p["nodes"] == 0), default=0.0)
     for key in ("nodes", "up", "beats", "allocates", "granted", "registrations", "reregister_asked",
-                "stream_breaks", "am_started", "am_finished", "am_errors", "live_containers"):
+                "stream_breaks", "watchdog_breaks", "silent_writing", "silent_unanswered", "am_started",
+                "am_finished", "am_errors", "live_containers"):
         out[key] = sum(p[key] for p in parts)
-    for key in ("beat_p99_ms", "beat_max_ms", "allocate_p99_ms", "granted_p99_ms", "register_p99_ms"):
+    for key in ("beat_p99_ms", "beat_max_ms", "allocate_p99_ms", "granted_p99_ms", "register_p99_ms",
+                "interval_max_s"):
         out[key] = max(p[key] for p in parts)
+    out["interval_min_s"] = min((p["interval_min_s"] for p in parts if p["nodes"]), default=0.0)
     return out
 
 
@@ -339,7 +388,11 @@ def _run(args: argparse.Namespace, work: Path, result: dict[str, Any], store_url
         queues = work / "queues.yaml"         # teams: jobs go round them (each queue acquires 16 at a time)
         queues.write_text(yaml.safe_dump({"queues": {f"team{q}": {"weight": 1} for q in range(args.queues)}}))
         rm = RMProcess(work, broker, heartbeat=f"{args.interval}s", missed_beats=args.missed_beats,
+                       heartbeat_more={k: v for k, v in (("max_rate", args.max_rate),
+                                                          ("max_interval", args.max_interval)) if v is not None},
                        am={"allocate_interval": "500ms"}, queues=str(queues),
+                       # every agent holds a heartbeat stream, one concurrent RPC each: room for them and the rest
+                       limits={"max_concurrent_rpcs": args.nodes + 10_000},
                        **({"store": {"url": store_url}} if store_url else {}))
         fleets: list[FleetProc] = []
         try:
@@ -367,12 +420,16 @@ def _run(args: argparse.Namespace, work: Path, result: dict[str, Any], store_url
             for f in fleets:
                 f.ask("reset")
             rss0, cpu0 = proc_usage(rm.proc.pid)   # type: ignore[union-attr]
+            fleet_cpu0 = [proc_usage(f.proc.pid)[1] for f in fleets]
             t0 = time.perf_counter()
             time.sleep(args.duration)
             rss1, cpu1 = proc_usage(rm.proc.pid)   # type: ignore[union-attr]
+            fleet_cpu = [proc_usage(f.proc.pid)[1] - c for f, c in zip(fleets, fleet_cpu0, strict=True)]
             result["steady"] = fleet_stats(fleets)
+            result["fleet_cpu_pct"] = [100 * c / (time.perf_counter() - t0) for c in fleet_cpu]
+            result["machine_load"] = os.getloadavg()[0]
             result.update(rm_rss_mib=rss1, rm_cpu_pct=100 * (cpu1 - cpu0) / (time.perf_counter() - t0),
-                          rm_rss_start_mib=rss0)
+                          rm_rss_start_mib=rss0, beats_per_s=result["steady"]["beats"] / (time.perf_counter() - t0))
             result["lost_before_restart"] = scrape(rm)
             note(f"heartbeat p99 {result['steady']['beat_p99_ms']:.0f} ms; now {args.jobs} submits from "
                  f"{args.clients} clients ...")
@@ -381,7 +438,11 @@ def _run(args: argparse.Namespace, work: Path, result: dict[str, Any], store_url
             cpu0 = proc_usage(rm.proc.pid)[1]   # type: ignore[union-attr]
             before = result["lost_before_restart"]
             t0 = time.perf_counter()
+            spy = start_profile(rm.proc.pid, args.profile) if args.profile else None   # type: ignore[union-attr]
             ids, lat, secs = asyncio.run(submit_all(rm.address, args.jobs, args.clients, args.sizes, args.queues))
+            if spy is not None:
+                stop_profile(spy)
+                result["profile"] = profile_summary(args.profile)
             result.update(submits=len(ids), submit_s=secs, submits_per_s=len(ids) / secs,
                           submit_p50_ms=pct(lat, .5) * 1000, submit_p99_ms=pct(lat, .99) * 1000)
             note(f"{len(ids)} submits in {secs:.1f}s ({len(ids) / secs:.0f}/s); waiting for their jobs to finish ...")
@@ -430,7 +491,9 @@ def table(r: dict[str, Any]) -> str:
     s = r["load"]
     lost = r["lost_before_restart"]
     rows = [
-        ("nodes x GPUs, heartbeat", f"{r['nodes']} x {r['gpus_per_node']}, every {r['heartbeat_s']:g}s"),
+        ("nodes x GPUs, heartbeat", f"{r['nodes']} x {r['gpus_per_node']}, every {r['heartbeat_s']:g}s (rm.yaml)"),
+        ("interval the RM named", f"{q.get('interval_min_s', 0):g}-{q.get('interval_max_s', 0):g} s (the nodes' "
+                                  f"at the end); {r.get('beats_per_s', 0):.0f} beats/s answered, heartbeats alone"),
         ("register all nodes", f"{r['register_all_s']:.1f} s"),
         ("heartbeat RTT p50 / p99 / max", f"{q['beat_p50_ms']:.1f} / {q['beat_p99_ms']:.1f} / "
                                           f"{q['beat_max_ms']:.0f} ms ({q['beats']} beats, heartbeats alone)"),
@@ -454,6 +517,9 @@ def table(r: dict[str, Any]) -> str:
                          f"{r['rm_cpu_load_pct']:.0f}% (submits and their jobs)"),
         ("RM event loop lag p50 / p99", f"<= {lost.get('loop_lag_p50_ms', 0):g} / <= {lost.get('loop_lag_p99_ms', 0):g}"
                                         f" ms (histogram buckets, since start)"),
+        ("simulated fleet CPU, heartbeats alone", ", ".join(f"{c:.0f}%" for c in r.get("fleet_cpu_pct", []))
+                                                  + f" of a core per process (the AMs' first); machine load "
+                                                    f"{r.get('machine_load', 0):.1f} (2 cores)"),
         ("simulated fleet loop lag p50 / p99", f"{q['fleet_lag_p50_ms']:.0f} / {q['fleet_lag_p99_ms']:.0f} ms, "
                                                f"{s['fleet_lag_p99_ms']:.0f} ms p99 in the burst (RTTs include it)"
                                                + (f"; the AMs' process {s['am_process_lag_p99_ms']:.0f} ms"
@@ -476,7 +542,13 @@ def table(r: dict[str, Any]) -> str:
              (f"raw: durable {'PostgreSQL' if r.get('store') else 'SQLite'} commits",
               f"{r['raw_commit_per_s']:.0f} commits/s")]
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    out = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    if r.get("profile"):
+        out += ("\n\nthe RM during the submits (py-spy samples of every thread): % on the stack, % at its top "
+                "(Runner.run: gRPC and uvloop's own C work; SqliteStore.write: the writer thread's commits)\n"
+                ) + "\n".join(
+            f"{inc:5.1f}% {own:5.1f}%  {name[:110]}" for name, inc, own in r["profile"])
+    return out
 
 
 def main() -> int:
@@ -487,7 +559,11 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=8, help="GPUs per node")
     ap.add_argument("--racks", type=int, default=0, help="racks (default: nodes / 40)")
     ap.add_argument("--interval", type=float, default=3.0, help="heartbeat interval, seconds")
-    ap.add_argument("--missed-beats", type=int, default=5, help="a node is LOST after this many missed beats")
+    ap.add_argument("--missed-beats", type=int, default=10, help="a node is LOST after this many missed beats")
+    ap.add_argument("--max-rate", type=float, help="rm.yaml heartbeat.max_rate: the fleet's beats a second, at "
+                                                    "most (the RM lengthens the interval; 0: never; default: the "
+                                                    "RM's)")
+    ap.add_argument("--max-interval", help="rm.yaml heartbeat.max_interval (default: the RM's)")
     ap.add_argument("--jobs", type=int, default=2000, help="jobs to submit")
     ap.add_argument("--clients", type=int, default=16, help="concurrent submitting clients")
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16],
@@ -510,6 +586,9 @@ def main() -> int:
     ap.add_argument("--store", choices=["sqlite", "postgresql"], default="sqlite",
                     help="the RM's store: SQLite in its state dir (default), or a PostgreSQL server the benchmark "
                          "starts (initdb, fsync on) on a free port")
+    ap.add_argument("--profile", type=Path, help="sample the RM with py-spy during the submit burst; its "
+                                                  "collapsed stacks go to this file, the top functions into the "
+                                                  "output (needs py-spy in .venv)")
     ap.add_argument("-o", "--output", choices=["table", "json"], default="table")
     args = ap.parse_args()
     args.racks = args.racks or max(1, args.nodes // 40)

@@ -26,10 +26,14 @@ from typing import Any
 
 import grpc
 
+from gpurm.common.callers import AM_TOKEN_KEY
+from gpurm.common.tokens import ClusterKeys, join_proof
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.rm.identity import AM_TOKEN_KEY
-from gpurm.rm.tokens import ClusterKeys, join_proof
+
+# The nodes follow the interval the RM names in its heartbeat replies (an RM from before that names none there: the
+# same harness measures it too).
+FOLLOWS = {"follows_interval": True} if "follows_interval" in pb.RegisterNodeRequest.DESCRIPTOR.fields_by_name else {}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -49,6 +53,9 @@ class Stats:
     registrations: int = 0
     reregister_asked: int = 0                                # the RM answered a beat with REREGISTER
     stream_breaks: int = 0
+    watchdog_breaks: int = 0                                 # streams given up for a silent RM (as the real agent)
+    silent_writing: int = 0                                  # ... of which the node's last write had not completed
+    silent_unanswered: int = 0                               # ... of which the RM had answered no beat on the stream
     am_started: int = 0
     am_finished: int = 0
     am_errors: int = 0
@@ -69,6 +76,11 @@ class SimNode:
     up: bool = False
     interval: float = 1.0
     spread: float = 0.0        # how long the RM wants re-registrations spread over after a break
+    waiting: asyncio.Future[None] | None = None   # the beat loop's pause, which a container change cuts short
+    replied: float = 0.0       # loop time of the RM's last reply on the current stream (or of its start)
+    answered: bool = False     # the RM answered a beat on the current stream
+    writing: bool = False      # a beat's write is under way
+    call: Any = None           # the heartbeat stream
 
     def report(self, status: pb.ContainerStatus) -> None:
         if status.state in (pb.CONTAINER_STARTING, pb.CONTAINER_RUNNING):
@@ -76,6 +88,30 @@ class SimNode:
         else:
             self.live.pop(status.container_id, None)
         self.pending[status.container_id] = (status, 0)
+        if self.waiting is not None and not self.waiting.done():
+            self.waiting.set_result(None)       # as the real agent: a change goes out at once, not at the next beat
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def pause(node: SimNode, seconds: float) -> bool:
+    """Sleep until the next beat is due or a container change comes (then True, after 20 ms for the changes of a
+    gang to share the beat, as the real agent's COALESCE_S). One future and one timer, as asyncio.sleep itself."""
+    loop = asyncio.get_running_loop()
+    fut = node.waiting = loop.create_future()
+    handle = loop.call_later(seconds, _wake, fut)
+    try:
+        await fut
+    finally:
+        handle.cancel()
+        node.waiting = None
+    if node.pending:
+        await asyncio.sleep(0.02)
+        return True
+    return False
 
 
 class Fleet:
@@ -118,7 +154,7 @@ class Fleet:
                 was_up = True
                 await self.beat(tracker, node)
                 continue                                  # asked to register again: at once
-            except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as exc:
+            except Exception as exc:        # a stream the watchdog cancelled ends in any of several ways
                 self.stats.stream_breaks += was_up
                 self.stats.last_error = str(exc)[:200]
             node.up = False
@@ -133,6 +169,7 @@ class Fleet:
         request = pb.RegisterNodeRequest(
             node_id=node.node_id, host="127.0.0.1", agent_port=self.cm_port, rack=node.rack, cpus=64,
             memory_mib=512 * 1024, healthy=True, agent_version="rm_scale", agent_instance=node.instance,
+            **FOLLOWS,
             gpus=[pb.GpuInfo(index=g, uuid=f"GPU-{node.node_id}-{g}", model="sim", memory_mib=81920, healthy=True,
                              numa_node=g // 4) for g in range(node.gpus)],
             containers=[*node.live.values(), *(s for s, _ in node.pending.values() if s.container_id not in node.live)])
@@ -154,13 +191,14 @@ class Fleet:
         node.up = True
 
     async def beat(self, tracker: Any, node: SimNode) -> float:
-        """Beat every interval until the stream breaks or the RM asks for a new registration. Lean on purpose
-        (one sleep per beat, one plain read per reply): ten thousand of these share one process, and the RM
-        is what is measured. Container changes ride the next beat (a real agent sends them at once)."""
-        call = tracker.Heartbeat()
+        """Beat every interval the RM names until the stream breaks or the RM asks for a new registration. Lean
+        on purpose (one timer per beat, one plain read per reply): ten thousand of these share one process, and the
+        RM is what is measured. A container change cuts the wait short (as the real agent: it goes out at once)."""
+        call = node.call = tracker.Heartbeat()
         reader = asyncio.ensure_future(self.read(call, node))
+        node.replied, node.answered, node.writing = asyncio.get_running_loop().time(), False, False
         try:
-            await asyncio.sleep(random.uniform(0, node.interval))    # nodes beat out of phase, as real ones do
+            await pause(node, random.uniform(0, node.interval))    # nodes beat out of phase, as real ones do
             while not reader.done():
                 node.seq += 1
                 statuses = []
@@ -169,12 +207,15 @@ class Fleet:
                         node.pending[cid] = (status, node.seq)
                     statuses.append(status)
                 node.sent[node.seq] = time.perf_counter()
+                node.writing = True
                 await call.write(pb.NodeHeartbeat(node_id=node.node_id, session=node.session, seq=node.seq,
                                                   containers=statuses, healthy=True))
-                await asyncio.sleep(node.interval)
+                node.writing = False
+                await pause(node, node.interval)
             reader.result()
             return node.spread
         finally:
+            node.call = None
             call.cancel()
             reader.cancel()
 
@@ -183,6 +224,9 @@ class Fleet:
             reply = await call.read()
             if reply is grpc.aio.EOF:
                 raise ConnectionError("the RM closed the stream")
+            node.replied, node.answered = asyncio.get_running_loop().time(), True
+            if getattr(reply, "heartbeat_interval_ms", 0):
+                node.interval = reply.heartbeat_interval_ms / 1000      # the RM's pacing (rm/state/heartbeats.py)
             sent = node.sent.pop(reply.ack_seq, None)
             if sent is not None and self.measuring:
                 self.stats.beat_rtt.append(time.perf_counter() - sent)
@@ -203,6 +247,22 @@ class Fleet:
             if reply.action == pb.HEARTBEAT_REREGISTER:
                 self.stats.reregister_asked += 1
                 return
+
+    async def watchdog(self) -> None:
+        """As the real agent's (nodeagent/tracker.py): the RM answers every beat, so three intervals and 5 s of
+        silence mean the stream is dead even when TCP has not noticed; the node registers again. Counted, with
+        whether its last write was still under way and whether the RM had answered anything on that stream."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(1.0)
+            now = loop.time()
+            for node in self.nodes.values():
+                if node.call is not None and now - node.replied > 3 * node.interval + 5.0:
+                    self.stats.watchdog_breaks += 1
+                    self.stats.silent_writing += node.writing
+                    self.stats.silent_unanswered += not node.answered
+                    node.call.cancel()
+                    node.call = None
 
     # ------------------------------------------------------------ containers and AMs
 
@@ -315,7 +375,7 @@ class Fleet:
                 if granted_at is not None and left <= 0:
                     break
                 # As the real AM (am/runner.py): every interval while acquiring; once running, 4x less often, or
-                # as much less as the RM asks (rm/pacing.py). It wakes to finish when its hold is over.
+                # as much less as the RM asks (rm/sched/pacing.py). It wakes to finish when its hold is over.
                 steady = max(4 * interval, reply.steady_interval_ms / 1000)
                 await asyncio.sleep(interval if granted_at is None else min(steady, left))
             for g in learners:
@@ -344,9 +404,13 @@ class Fleet:
                 "granted_p50_ms": pct(s.granted, .5) * 1000, "granted_p99_ms": pct(s.granted, .99) * 1000,
                 "register_p50_ms": pct(s.register, .5) * 1000, "register_p99_ms": pct(s.register, .99) * 1000,
                 "registrations": s.registrations, "reregister_asked": s.reregister_asked,
-                "stream_breaks": s.stream_breaks, "am_started": s.am_started, "am_finished": s.am_finished,
+                "stream_breaks": s.stream_breaks, "watchdog_breaks": s.watchdog_breaks,
+                "silent_writing": s.silent_writing, "silent_unanswered": s.silent_unanswered,
+                "am_started": s.am_started, "am_finished": s.am_finished,
                 "am_errors": s.am_errors, "last_error": s.last_error,
                 "live_containers": sum(len(n.live) for n in self.nodes.values()),
+                "interval_min_s": min((n.interval for n in self.nodes.values()), default=0.0),
+                "interval_max_s": max((n.interval for n in self.nodes.values()), default=0.0),
                 "fleet_lag_p50_ms": pct(s.lag, .5) * 1000, "fleet_lag_p99_ms": pct(s.lag, .99) * 1000,
                 "fleet_cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2])}
 
@@ -423,9 +487,10 @@ async def main() -> None:
             fleet.stats.lag.append(max(0.0, loop.time() - began - 0.1))
 
     runners.append(asyncio.ensure_future(lag()))
+    runners.append(asyncio.ensure_future(fleet.watchdog()))
     while sum(n.up for n in fleet.nodes.values()) < len(fleet.nodes):
         await asyncio.sleep(0.2)
-    gc.freeze()                 # the fleet's own heap is not what is measured (see RMShell's settle_heap)
+    gc.freeze()                 # the fleet's own heap is not what is measured (see settle_heap in rm/server/startup.py)
     gc.set_threshold(20_000, 20, 100)
     emit({"event": "ready", "seconds": time.perf_counter() - began, "cm_port": fleet.cm_port})
     loop = asyncio.get_running_loop()

@@ -9,13 +9,14 @@ import statistics
 import sys
 import time
 
+from gpurm.common.gpus import GpuRecord
 from gpurm.queues.config import parse_queues
 from gpurm.queues.fairshare import compute_shares
-from gpurm.rm.cluster import Cluster, GpuRecord, Node
-from gpurm.rm.priority import Standing
-from gpurm.rm.queuebook import QueueBook
-from gpurm.rm.scheduler import App, Ask, Scheduler
-from gpurm.rm.sortedkeys import SortedKeys
+from gpurm.rm.sched.priority import Standing
+from gpurm.rm.sched.scheduler import App, Ask, Scheduler
+from gpurm.rm.state.cluster import Cluster, Node
+from gpurm.rm.state.queuebook import QueueBook
+from gpurm.rm.state.sortedkeys import SortedKeys
 
 
 def build_tree(parents: int, leaves_per_parent: int) -> str:

@@ -1,4 +1,4 @@
-"""SortedKeys (rm/sortedkeys.py, compiled) against sortedcontainers.SortedList on the RM's index workload.
+"""SortedKeys (rm/state/sortedkeys.py, compiled) against sortedcontainers.SortedList on the RM's index workload.
 
 The workload is what the cluster's free-GPU index sees: keys (free GPUs, node id); each event moves one node
 (discard its old key, add its new one) and a lookup walks from a key (`from_key` / `irange`) to the first few
@@ -16,8 +16,8 @@ from itertools import islice
 from sortedcontainers import SortedList
 
 from gpurm.native import status
-from gpurm.rm import sortedkeys
-from gpurm.rm.sortedkeys import SortedKeys
+from gpurm.rm.state import sortedkeys
+from gpurm.rm.state.sortedkeys import SortedKeys
 
 
 def workload(size: int, events: int, seed: int = 0) -> tuple[list[tuple[int, str]], list[tuple[int, int]]]:

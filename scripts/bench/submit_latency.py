@@ -16,9 +16,9 @@ from pathlib import Path
 
 import grpc
 
+from gpurm.common.jobspec import JobSpec, spec_to_proto
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.rm.jobspec import JobSpec, spec_to_proto
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,10 @@ Used by tests/integration/test_chaos.py (50 jobs) and by `scripts/chaos --jobs N
   user or infrastructure cause, and a SUCCEEDED job's earlier attempts all ended by the chaos (infra / AM);
 - no two live containers ever shared a GPU, from the agents' own records (start/end per node and GPU index);
 - no process is left behind once every job has ended, and none once the agents stop;
-- every agent stops on SIGTERM (stopping what still runs) rather than being SIGKILLed after 20 s.
+- every agent stops on SIGTERM (stopping what still runs) rather than being SIGKILLed after 20 s;
+- every job a submission acknowledged is there at the end.
+With `net` (scripts/chaos --netns, tests/integration/chaosnet.py) the agents run in network namespaces and the run
+also cuts and degrades the network, and checks that no two attempts of a job ever ran at the same moment.
 """
 
 from __future__ import annotations
@@ -33,17 +36,23 @@ from pathlib import Path
 
 import grpc
 
+from gpurm.cli import netns
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.rm import paging
+from gpurm.rm.server import paging
 from tests.conftest import TestBroker, run_broker
+from tests.integration.chaosnet import AttemptWatch, ChaosNet, attempts_overlap
 from tests.integration.harness import alive
 from tests.integration.rmproc import TERMINAL, WAIT, AgentProcess, RMProcess, kill_group
+from tests.integration.test_ha_failover import ask
 
 log = logging.getLogger("chaos")
 
 NODES = 4
 GPUS_PER_NODE = 8
 HA_LEASE_S = 3.0
+# The node expiry: 30 beats of 1 s. The agents' lease (the fence) is then 26.5 s, longer than an RM restart takes on
+# a loaded 2-core machine with 20 AMs starting (16-24 s measured): a shorter one stops every job at each RM kill.
+MISSED_BEATS = 30
 SIZES = (1, 1, 1, 2, 2, 4, 8, 8, 16)
 
 
@@ -100,9 +109,14 @@ def plan_jobs(n: int, seed: int, sleep_s: tuple[float, float] = (2.0, 8.0)) -> l
 class Chaos:
     def __init__(self, workdir: Path, broker: TestBroker, jobs: int, seed: int,
                  say: Callable[[str], None] = lambda s: None, sleep_s: tuple[float, float] = (2.0, 8.0),
-                 ha_store: str = "") -> None:
+                 ha_store: str = "", net: ChaosNet | None = None) -> None:
         """`ha_store`: a postgresql:// URL: two RMs share it, one leads and one stands by (rm.yaml ha:), and the
-        faults are on the leader (SIGKILL, then SIGSTOP) instead of restarts of a lone RM."""
+        faults are on the leader (SIGKILL, then SIGSTOP) instead of restarts of a lone RM. `net`: the agents'
+        network namespaces (made with node ids chaos-n0..), the RMs and the broker on its bridge."""
+        self.net = net
+        self.ha_store = ha_store
+        hosts = net.rm_hosts if net is not None else ["127.0.0.1"]
+        wraps = [net.wrap(r) for r in net.rms] if net is not None and net.rms else [[], []]
         self.workdir = workdir
         self.say = say
         self.plans = plan_jobs(jobs, seed, sleep_s)
@@ -113,18 +127,22 @@ class Chaos:
         settings: dict[str, object] = {"am": {"liveness_timeout": "15s", "allocate_interval": "500ms"}}
         if ha_store:
             settings.update(store={"url": ha_store}, ha={"enabled": True, "lease": f"{HA_LEASE_S:g}s"})
-        self.rm = RMProcess(workdir / "rm-a" if ha_store else workdir, broker, heartbeat="1s", missed_beats=5,
-                            **settings)
+        self.rm = RMProcess(workdir / "rm-a" if ha_store else workdir, broker, heartbeat="1s",
+                            missed_beats=MISSED_BEATS, host=hosts[0], wrap=wraps[0], **settings)
         self.standby: RMProcess | None = None
         rm_list = None
         if ha_store:
-            self.standby = RMProcess(workdir / "rm-b", broker, heartbeat="1s", missed_beats=5,
-                                     key_from=self.rm.state_dir / "token.key", standby=True, **settings)
+            self.standby = RMProcess(workdir / "rm-b", broker, heartbeat="1s", missed_beats=MISSED_BEATS,
+                                     key_from=self.rm.state_dir / "token.key", standby=True,
+                                     host=hosts[-1], wrap=wraps[-1], **settings)
             rm_list = [self.rm.address, self.standby.address]
         self.agents = [AgentProcess(workdir / f"agent{i}", self.rm, f"chaos-n{i}",
                                     gpus={"fake": GPUS_PER_NODE}, rack=f"rack-{i % 2}", ib_domain=f"ib-{i % 2}",
-                                    containers={"stop_grace": "1s"}, rm_list=rm_list)
+                                    containers={"stop_grace": "1s"}, rm_list=rm_list,
+                                    **({"wrap": net.wrap(f"chaos-n{i}"), "host": net.address(f"chaos-n{i}")}
+                                       if net is not None else {}))
                        for i in range(NODES)]
+        self.watch = AttemptWatch(self.records) if net is not None else None
 
     # ------------------------------------------------------------ the run
 
@@ -134,12 +152,17 @@ class Chaos:
             for a in self.agents:
                 a.start()
             self.submit_all()
+            if self.watch is not None:
+                self.watch.start()
             self.inject_faults()
             self.wait_all(t0 + timeout)
             self.check_jobs()
             self.check_gpus()
+            self.check_attempts()
             self.check_leftovers(after_stop=False)
         finally:
+            if self.watch is not None:
+                self.watch.stop()
             for a in self.agents:
                 a.close()
                 if a.proc is not None and a.proc.returncode == -signal.SIGKILL:   # close() had to kill it
@@ -202,10 +225,22 @@ class Chaos:
         self.wait_running(2, time.monotonic() + 20)
         self.kill_am()
         time.sleep(2)
+        if self.net is not None:
+            # Every agent has registered again since the RM came back, so no restart grace covers the node: its
+            # fence stops its containers, then the RM declares it LOST.
+            self.report.chaos_events.append(
+                self.net.cut_from_rm(self.rng.choice, self.say, cut_s=MISSED_BEATS + 3.0))
+            self.wait_running(2, time.monotonic() + 20)
         if ha:
             self.fail_leader(signal.SIGSTOP)
         else:
             self.kill_rm()
+        if ha and self.net is not None and self.net.rms:
+            self.wait_running(2, time.monotonic() + 20)
+            self.cut_leader_from_store()
+        if self.net is not None:
+            self.wait_running(2, time.monotonic() + 20)
+            self.report.chaos_events += self.net.degrade(self.rng.choice, self.say)
 
     def fail_leader(self, how: signal.Signals) -> None:
         """SIGKILL or SIGSTOP the leader; time the standby's takeover; bring the old leader back as a standby
@@ -236,6 +271,42 @@ class Chaos:
         self.rm, self.standby = standby, leader
         self.report.takeovers.append(took)
         self.report.chaos_events.append(f"leader {how.name}, the standby served after {took:.1f}s")
+        self.say(self.report.chaos_events[-1])
+
+    def cut_leader_from_store(self) -> None:
+        """Cut the leader from PostgreSQL alone (iptables in its namespace, the database's port): it must stop
+        answering as leader before the standby serves, and exit 3 (deposed); then heal and bring it back standing
+        by."""
+        assert self.net is not None and self.standby is not None
+        leader, standby = self.rm, self.standby
+        pg_port = int(self.ha_store.rsplit(":", 1)[1].split("/", 1)[0])
+        ns = self.net.namespace_at(leader.address.rsplit(":", 1)[0])
+        netns.partition(ns, [self.net.gateway], port=pg_port)
+        t0 = time.monotonic()
+        last_old = first_new = -1.0
+        while first_new < 0 or (leader.proc is not None and leader.proc.poll() is None):
+            now = time.monotonic() - t0
+            if now > 60:
+                self.report.problems.append(f"60 s after the leader was cut from the store: it last answered as "
+                                            f"leader at {last_old:.1f}s, the standby served from {first_new:.1f}s")
+                break
+            if leader.proc is not None and leader.proc.poll() is None and ask(leader.address)[0] == "leader":
+                last_old = now
+            if first_new < 0 and ask(standby.address)[0] == "leader":
+                first_new = now
+            time.sleep(0.05)
+        netns.heal(ns)
+        if last_old >= first_new >= 0:
+            self.report.problems.append(f"two leaders: the cut-off leader answered as leader at {last_old:.2f}s, "
+                                        f"after the standby served (from {first_new:.2f}s)")
+        code = leader.proc.wait(30) if leader.proc is not None else None
+        if code != 3:
+            self.report.problems.append(f"the leader cut from its store exited {code} (expected 3: deposed)")
+        leader.start(standby=True)
+        self.rm, self.standby = standby, leader
+        self.report.takeovers.append(first_new)
+        self.report.chaos_events.append(f"leader cut from PostgreSQL: it last answered as leader at {last_old:.1f}s, "
+                                        f"exited {code}; the standby served from {first_new:.1f}s")
         self.say(self.report.chaos_events[-1])
 
     def kill_rm(self) -> None:
@@ -301,7 +372,10 @@ class Chaos:
     def check_jobs(self) -> None:
         jobs = self.jobs()
         for p in self.plans:
-            job = jobs[p.job_id]
+            job = jobs.get(p.job_id)
+            if job is None:
+                self.report.problems.append(f"{p.job_id} ({p.kind}): acknowledged at submission, now unknown")
+                continue
             state = pb.JobState.Name(job.state).removeprefix("JOB_")
             self.report.by_state[state] = self.report.by_state.get(state, 0) + 1
             self.report.attempts += len(job.attempts)
@@ -365,6 +439,14 @@ class Chaos:
                     self.report.problems.append(f"GPU {gpu} of {node} shared: {c1} ran until {e1}, {c2} started "
                                                 f"at {s2}")
 
+    def check_attempts(self) -> None:
+        """No two attempts of a job ran at once: from the agents' records, and (with a network) the processes."""
+        if self.net is None:
+            return
+        self.report.problems += attempts_overlap(self.records())
+        if self.watch is not None:
+            self.report.problems += self.watch.overlaps
+
     def check_leftovers(self, after_stop: bool) -> None:
         deadline = time.monotonic() + 10
         while True:
@@ -391,12 +473,18 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=0, help="seconds to wait for every job (default: scales "
                                                                   "with --jobs)")
     parser.add_argument("--keep", metavar="DIR", help="keep state and logs in DIR (default: a temporary dir)")
+    parser.add_argument("--netns", action="store_true",
+                        help="(root) agents in network namespaces on a bridge; adds partitions RM<->agent and "
+                             "agent<->agent, packet loss and delay (tc netem where it exists), and checks that no "
+                             "two attempts of a job ran at once")
     parser.add_argument("--ha", action="store_true",
                         help="two RMs on a throwaway PostgreSQL: the leader is SIGKILLed, later SIGSTOPped, instead "
                              "of one RM restarted; prints the takeover times")
     args = parser.parse_args()
     if args.jobs < 1:
         parser.error("--jobs: must be at least 1")
+    if args.netns and netns.root_problem():
+        parser.error(f"--netns: {netns.root_problem()}")
     workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gpurm-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     if os.geteuid() == 0:
@@ -409,15 +497,22 @@ def main() -> int:
 
     old = signal.getsignal(signal.SIGINT)
     try:
-        with run_broker(workdir / "broker") as broker, contextlib.ExitStack() as stack:
+        with contextlib.ExitStack() as stack:
+            net = ChaosNet([f"chaos-n{i}" for i in range(NODES)], ["rm-a", "rm-b"] if args.ha else ()) \
+                if args.netns else None
+            if net is not None:
+                stack.callback(net.close)
+                say(f"agents in network namespaces on bridge {net.net.bridge} ({net.gateway})")
+            broker = stack.enter_context(run_broker(workdir / "broker", host=net.gateway if net else "127.0.0.1"))
             ha_store = ""
             if args.ha:
                 from tests.pg import run_postgres
 
-                ha_store = stack.enter_context(run_postgres(workdir / "postgres")).create_database()
+                pg_host = net.gateway if net is not None else "127.0.0.1"
+                ha_store = stack.enter_context(run_postgres(workdir / "postgres", host=pg_host)).create_database()
                 say("PostgreSQL up; two RMs on it")
-            chaos = Chaos(workdir, broker, args.jobs, args.seed, say, ha_store=ha_store)
-            report = chaos.run(timeout=args.timeout or 120 + 4 * args.jobs)
+            chaos = Chaos(workdir, broker, args.jobs, args.seed, say, ha_store=ha_store, net=net)
+            report = chaos.run(timeout=args.timeout or 120 + 4 * args.jobs + (60 if net else 0))
     finally:
         signal.signal(signal.SIGINT, old)
     for problem in report.problems:

@@ -18,7 +18,7 @@ import grpc
 
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.rm import paging
+from gpurm.rm.server import paging
 from tests.conftest import TestBroker, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,11 +53,14 @@ class DevCluster:
         if broker is not None:
             args += broker.dev_cluster_args()
         state_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            (state_dir / "cluster.json").unlink()   # an earlier cluster's, ready: not this one's
         self.log = open(state_dir / "dev-cluster.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self._wait_ready()
+        self.address = str(self.info.get("rm_address") or self.address)   # --netns: the RM listens on its bridge
         self.channel = grpc.insecure_channel(self.address)
         self.client = pbg.ClientStub(self.channel)
-        self._wait_ready()
 
     def _wait_ready(self, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout

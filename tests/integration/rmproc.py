@@ -17,21 +17,22 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 import yaml
 
+from gpurm.common import tls
+from gpurm.common.callers import USER_KEY
+from gpurm.common.tls import TLSConfig
+from gpurm.common.tokens import ClusterKeys, TokenKey, am_token, join_proof, sign_container, write_secret_file
 from gpurm.nodeagent.cgroups import agent_cgroup_name
 from gpurm.nodeagent.procgroup import MARKER_ENV
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.rm import paging, tls
-from gpurm.rm.service import USER_KEY
-from gpurm.rm.tls import TLSConfig
-from gpurm.rm.tokens import ClusterKeys, TokenKey, am_token, join_proof, sign_container, write_secret_file
+from gpurm.rm.server import paging
 from tests.conftest import TestBroker, free_port
 from tests.integration.harness import ROOT, alive, processes_with_env
 
@@ -94,21 +95,28 @@ class RMProcess:
 
     def __init__(self, workdir: Path, broker: TestBroker, *, heartbeat: str = "30s", missed_beats: int = 10,
                  client_tls: TLSConfig | None = None, key_from: Path | None = None, standby: bool = False,
-                 **settings: Any) -> None:
+                 host: str = "127.0.0.1", fence_grace: str = "", wrap: Sequence[str] = (),
+                 heartbeat_more: dict[str, Any] | None = None, **settings: Any) -> None:
         """`settings`: more rm.yaml keys (e.g. tls); `client_tls`: the certificate the test's own calls use.
         `key_from`: another RM's token.key, copied in first (RMs of an HA set share it); `standby`: this RM starts
-        as a standby (rm.yaml ha:), so wait for it to stand by rather than serve."""
+        as a standby (rm.yaml ha:), so wait for it to stand by rather than serve. `host`: the address it listens
+        on (a bridge's, for agents in network namespaces). `fence_grace`: rm.yaml heartbeat.fence_grace. `wrap`: run
+        the RM under this command (`ip netns exec NS`: in a network namespace, with `host` its address there).
+        `heartbeat_more`: more keys of rm.yaml's heartbeat section (max_rate, max_interval, lease)."""
+        self.wrap = list(wrap)
         self.workdir = workdir
         self.state_dir = workdir / "rm-state"
         self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = f"{host}:{self.port}"
         self.config = workdir / "rm.yaml"
         workdir.mkdir(parents=True, exist_ok=True)
         # AMs call allocate every 250 ms (1 s while running), as on the tests' dev clusters (harness.py).
         settings["am"] = {"allocate_interval": "250ms", **settings.get("am", {})}
+        heartbeat_section = {"interval": heartbeat, "missed_beats": missed_beats,
+                             **({"fence_grace": fence_grace} if fence_grace else {}), **(heartbeat_more or {})}
         self.config.write_text(yaml.safe_dump({
             "listen": self.address, "state_dir": str(self.state_dir), "mqtt": broker.rm_config(),
-            "admins": [USER], "heartbeat": {"interval": heartbeat, "missed_beats": missed_beats},
+            "admins": [USER], "heartbeat": heartbeat_section,
             "http": {"listen": "127.0.0.1:0"}, **settings}))
         self.log_path = workdir / "rm.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -123,14 +131,14 @@ class RMProcess:
 
     # ------------------------------------------------------------ the process
 
-    def start(self, timeout: float = 30.0, standby: bool = False) -> None:
+    def start(self, timeout: float = 60.0, standby: bool = False) -> None:
         """Start the RM and wait until it serves, or (`standby`) until it stands by."""
         pidfile = self.state_dir / "rm.json"
         with contextlib.suppress(FileNotFoundError):
             pidfile.unlink()  # a SIGKILLed RM leaves its own behind
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gpurm.cli.main", "rm", "--config", str(self.config)],
+                [*self.wrap, sys.executable, "-m", "gpurm.cli.main", "rm", "--config", str(self.config)],
                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         proc = self.proc
 
@@ -159,7 +167,7 @@ class RMProcess:
         poll(serving, timeout, lambda: f"the RM does not serve on {self.address}:\n{self.log_text()}")
 
     def standing_by(self) -> bool:
-        """Whether this RM answers as a standby (rm/standby.py)."""
+        """Whether this RM answers as a standby (rm/server/standby.py)."""
         try:
             self.client.GetClusterInfo(pb.ClusterInfoRequest(), timeout=2)
         except grpc.RpcError as exc:
@@ -288,10 +296,14 @@ class AgentProcess:
 
     def __init__(self, workdir: Path, rm: RMProcess, node_id: str, *, gpus: dict[str, Any] | None = None,
                  containers: dict[str, Any] | None = None, rack: str = "rack-1", ib_domain: str = "ib-1",
-                 run_as_user: str | None = None, rm_list: list[str] | None = None, **settings: Any) -> None:
+                 run_as_user: str | None = None, rm_list: list[str] | None = None, wrap: Sequence[str] = (),
+                 **settings: Any) -> None:
         """`settings`: more agent.yaml keys (e.g. tls); the test's own calls to it use `rm.client_tls`.
         `run_as_user`: start the agent as this account (the tests run as root) instead of the tests' user.
-        `rm_list`: agent.yaml `rm` as a list of RMs (default: `rm`'s address alone)."""
+        `rm_list`: agent.yaml `rm` as a list of RMs (default: `rm`'s address alone). `wrap`: run the agent under
+        this command (`ip netns exec NS`: in a network namespace; give `host=` its address there)."""
+        self.wrap = list(wrap)
+        self.host = str(settings.get("host", "127.0.0.1"))
         self.run_as_user = run_as_user
         self.workdir = workdir
         self.rm = rm
@@ -306,7 +318,7 @@ class AgentProcess:
                 os.chown(secret, account.pw_uid, account.pw_gid)
             settings["node_secret_file"] = str(secret)
         self.config.write_text(yaml.safe_dump({
-            "node_id": node_id, "listen": "127.0.0.1:0", "rm": rm_list or rm.address, "rack": rack,
+            "node_id": node_id, "listen": f"{self.host}:0", "rm": rm_list or rm.address, "rack": rack,
             "ib_domain": ib_domain, "cpus": 8, "memory_mib": 64000, "state_dir": str(self.state),
             "gpus": gpus or {"fake": 2}, "containers": {"stop_grace": "2s", **(containers or {})}, **settings}))
         self.log_path = workdir / "agent.log"
@@ -317,7 +329,8 @@ class AgentProcess:
     def start(self, timeout: float = WAIT) -> pb.NodeInfo:
         """Start the agent; return the node as the RM lists it once it has registered."""
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "gpurm.nodeagent", "--config", str(self.config)],
+            self.proc = subprocess.Popen([*self.wrap, sys.executable, "-m", "gpurm.nodeagent", "--config",
+                                          str(self.config)],
                                          stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, user=self.run_as_user,
                                          group=self.run_as_user and _group_of(self.run_as_user),
                                          extra_groups=[] if self.run_as_user else None)
@@ -334,8 +347,21 @@ class AgentProcess:
 
         info = poll(serving, timeout, lambda: f"agent {self.node_id} did not write agent.json:\n{self.log_text()}")
         self.port = int(info["port"])
-        self.channel = tls.channel(f"127.0.0.1:{self.port}", self.rm.client_tls)
-        return self.rm.wait_node(self.node_id, timeout=timeout, check=lambda n: n.agent_port == self.port)
+        self.channel = tls.channel(f"{self.host}:{self.port}", self.rm.client_tls)
+        node = self.rm.wait_node(self.node_id, timeout=timeout, check=lambda n: n.agent_port == self.port)
+        # The RM lists the node once it has registered it; the agent takes containers once the reply reached it.
+        poll(self._registered, timeout, lambda: f"agent {self.node_id} never took the RM's registration reply:\n"
+                                                f"{self.log_text()}")
+        return node
+
+    def _registered(self) -> bool:
+        """Whether the agent checks container tokens yet (before registering, it refuses every call)."""
+        probe = pb.ContainerStatusRequest(tokens=[self.token("registration-probe", "job-probe")])
+        try:
+            self.manager.GetContainerStatus(probe, timeout=10)
+        except grpc.RpcError as exc:
+            return "has not registered" not in str(exc.details())
+        return True
 
     @property
     def manager(self) -> pbg.ContainerManagerStub:

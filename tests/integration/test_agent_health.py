@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 import yaml
 
+from gpurm.common import mqtt
+from gpurm.common.mqtt import Credentials
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.rm import mqtt
-from gpurm.rm.brokerauth import Credentials
 from tests.conftest import TestBroker
 from tests.integration.harness import ROOT
 from tests.integration.rmproc import WAIT, AgentProcess, RMProcess, poll

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
+from gpurm.common.tokens import TokenKey, sign_container
 from gpurm.nodeagent.containers import ContainerSupervisor
 from gpurm.nodeagent.fakegpu import FakeGpuProvider
 from gpurm.nodeagent.ports import PortReserver
@@ -20,7 +21,6 @@ from gpurm.nodeagent.procgroup import pid_alive
 from gpurm.nodeagent.service import ContainerManagerServicer
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pb_grpc
-from gpurm.rm.tokens import TokenKey, sign_container
 
 NODE = "node-a"
 WAIT = 10.0

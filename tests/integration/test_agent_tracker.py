@@ -116,7 +116,7 @@ def test_a_kill_is_pushed_to_the_agent_without_waiting_for_a_beat(rm: RMProcess,
 def test_a_node_the_rm_declared_lost_registers_again_when_told(tmp_path: Path, broker: TestBroker) -> None:
     # A short expiry: a frozen agent (SIGSTOP) misses its beats and the RM marks the node LOST; its first beat
     # after SIGCONT carries a session the RM has dropped, the RM answers REREGISTER, the agent registers again.
-    rm = RMProcess(tmp_path / "rm", broker, heartbeat="300ms", missed_beats=3)
+    rm = RMProcess(tmp_path / "rm", broker, heartbeat="300ms", missed_beats=12)   # the shortest the fence allows
     agent = AgentProcess(tmp_path / "agent", rm, node_name("lst"))
     try:
         agent.start()
@@ -124,7 +124,7 @@ def test_a_node_the_rm_declared_lost_registers_again_when_told(tmp_path: Path, b
         agent.proc.send_signal(signal.SIGSTOP)
         try:
             lost = rm.wait_node(agent.node_id, pb.NODE_LOST, timeout=PROMPT_S)
-            assert lost.gpus_free == 0 and "missed 3 heartbeats" in lost.health_report
+            assert lost.gpus_free == 0 and "missed 12 heartbeats" in lost.health_report
         finally:
             agent.proc.send_signal(signal.SIGCONT)
         node = rm.wait_node(agent.node_id, timeout=PROMPT_S)
@@ -132,6 +132,50 @@ def test_a_node_the_rm_declared_lost_registers_again_when_told(tmp_path: Path, b
         assert "the RM asked this agent to register again" in agent.log_text()
     finally:
         agent.close()
+        assert rm.close() == 0, rm.log_text()
+
+
+def test_an_agent_follows_the_interval_the_rm_names_and_still_reports_an_exit_at_once(tmp_path: Path,
+                                                                                     broker: TestBroker) -> None:
+    # rm.yaml asks for a beat every 300 ms, but at most 0.1 beats a second from the whole fleet: for one server the
+    # RM names 10.3 s, for two 20 s (max_interval), each with the lease scaled to it (rm/state/heartbeats.py). The
+    # first agent, registered alone, learns of 20 s from a heartbeat reply once the second registers, and beats
+    # every 20 s from then on; a learner's exit still reaches the RM at once.
+    rm = RMProcess(tmp_path / "rm", broker, heartbeat="300ms", missed_beats=20,
+                   heartbeat_more={"max_rate": 0.1, "max_interval": "20s"})
+    first = AgentProcess(tmp_path / "first", rm, node_name("pace"))
+    second = AgentProcess(tmp_path / "second", rm, node_name("pace"))
+    try:
+        first.start()
+        second.start()
+        poll(lambda: "the RM names a heartbeat interval of 20s" in first.log_text(), 25.0,
+             lambda: f"the first agent never followed a 20 s interval:\n{first.log_text()[-2000:]}")
+        time.sleep(0.5)
+        seen = {rm.nodes()[first.node_id].last_heartbeat_ms}
+        began = time.monotonic()
+        while time.monotonic() - began < 6.0:  # at 300 ms that would be some 20 beats
+            seen.add(rm.nodes()[first.node_id].last_heartbeat_ms)
+            time.sleep(0.1)
+        assert len(seen) <= 2, f"{len(seen) - 1} beats in 6 s: the agent does not follow the 20 s interval"
+
+        # The fence's lease grew with the interval, 3.2 s at 300 ms (6 s expiry - 2 s grace - 0.8 s margin) x 66.7,
+        # and lease.json (which a restarted agent arms its fence from) carries it.
+        def lease_s() -> float:
+            path = first.state / "lease.json"
+            return float(json.loads(path.read_text())["lease_s"]) if path.exists() else 0.0
+
+        poll(lambda: lease_s() == pytest.approx(3.2 * 20 / 0.3, abs=0.01), 25.0,
+             lambda: f"lease.json says {lease_s()}s")
+        t0 = time.monotonic()
+        job_id = rm.submit("exit 5", max_retries=0)
+        job = rm.wait_job(job_id, timeout=PROMPT_S)
+        assert job.state == pb.JOB_FAILED and job.exit_code == 5, job.diagnostics
+        assert time.monotonic() - t0 < PROMPT_S < 20.0
+        nodes = rm.nodes()
+        assert nodes[first.node_id].state == nodes[second.node_id].state == pb.NODE_RUNNING
+    finally:
+        first.close()
+        second.close()
         assert rm.close() == 0, rm.log_text()
 
 
@@ -176,8 +220,9 @@ def test_an_rm_restart_loses_nothing_the_agent_knows(crashing_rm: RMProcess, cra
     # The agent registers again and reports the exit it saw while the RM was down: the new RM records it
     # and frees that GPU. Only the agent could tell it: the RM was not running when the learner ended.
     def ended_learner() -> pb.Learner | None:
-        (ln,) = rm.job(ends_id).attempts[-1].learners
-        return ln if ln.state == pb.CONTAINER_EXITED else None
+        # (Right after the restart the AM's attempt report may not have reached the new RM yet: no learners.)
+        learners = rm.job(ends_id).attempts[-1].learners
+        return learners[0] if len(learners) == 1 and learners[0].state == pb.CONTAINER_EXITED else None
 
     ln = poll(ended_learner, PROMPT_S, lambda: f"the new RM has {rm.job(ends_id)}")
     assert ln.exit_code == 7 and ln.pid == ends.pid

@@ -25,7 +25,7 @@ TOY = str(ROOT / "configs" / "jobs" / "toy_train.py")
 def cluster(tmp_path_factory: pytest.TempPathFactory, broker: TestBroker) -> Iterator[DevCluster]:
     # Four 8-GPU servers in one rack; quick node expiry for the lost-agent test.
     c = DevCluster(tmp_path_factory.mktemp("am"), nodes=4, racks=1, broker=broker,
-                   extra=["--heartbeat", "500ms", "--missed-beats", "4"])
+                   extra=["--heartbeat", "500ms", "--missed-beats", "8"])
     yield c
     c.stop()
 
@@ -151,15 +151,19 @@ def test_sigkill_of_the_am_and_the_job_succeeds_without_restarting_its_learners(
 
 
 def test_the_am_follows_the_view_over_mqtt(cluster: DevCluster) -> None:
-    sleepers = [cluster.submit("--gpus", "2", *SLEEP) for _ in range(2)]     # view changes while it plans
-    j = cluster.submit("--gpus", "4", "--", "sh", "-c", "sleep 1")
+    sleepers = [cluster.submit("--gpus", "2", *SLEEP) for _ in range(2)]
+    j = cluster.submit("--gpus", "4", "--", "sh", "-c", "sleep 6")
+    # The view changes while its AM lives (the sleepers' GPUs come free): it hears of that over MQTT. (The
+    # sleepers' own starts may all come before the AM subscribes on a loaded machine.)
+    for running in (*sleepers, j):
+        cluster.wait_job(running, states=[pb.JOB_RUNNING], timeout=60)
+    kill_all(cluster, sleepers)
     assert cluster.wait_job(j).state == pb.JOB_SUCCEEDED
     am_log = cluster.gpurm("logs", j, "--am").out
     assert "polling the RM" not in am_log                               # MQTT was there: no fallback
     summary = next(line for line in am_log.splitlines() if "cluster view:" in line)
     deltas = int(summary.split(" deltas over MQTT")[0].rsplit(" ", 1)[1])
     assert deltas >= 1, summary
-    kill_all(cluster, sleepers)
 
 
 def test_without_mqtt_the_am_polls_the_rm_and_the_job_still_runs(tmp_path: Path, broker: TestBroker) -> None:

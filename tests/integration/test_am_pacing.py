@@ -1,4 +1,4 @@
-"""A running job's AM calls Allocate as seldom as the RM asks (rm/pacing.py): with `am.max_allocate_rate` at 0.2
+"""A running job's AM calls Allocate as seldom as the RM asks (rm/sched/pacing.py): with `am.max_allocate_rate` at 0.2
 calls a second, one running AM waits 5 s between calls instead of 4 x the 250 ms test interval. Real dev cluster,
 real AM; the calls are counted by the RM's own gpurm_rpc_seconds histogram."""
 

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import TestBroker
 from tests.integration.chaos import Chaos
+
+# 50 AMs, RM and agent restarts: on the one worker that runs such modules one at a time (tests/parallel.py)
+pytestmark = pytest.mark.whole_machine
 
 
 def test_chaos(tmp_path: Path, broker: TestBroker) -> None:

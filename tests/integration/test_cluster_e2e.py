@@ -163,7 +163,7 @@ def test_unreachable_rm_is_one_line(cluster: DevCluster) -> None:
 
 def test_sigkilled_agent_shows_lost_within_the_expiry(tmp_path: Path, broker: TestBroker) -> None:
     c = DevCluster(tmp_path / "c", nodes=2, racks=1, broker=broker,
-                   extra=["--heartbeat", "500ms", "--missed-beats", "4"])
+                   extra=["--heartbeat", "500ms", "--missed-beats", "8"])
     try:
         os.kill(c.agent_pid("node-2"), signal.SIGKILL)
         t0 = time.monotonic()
@@ -173,7 +173,7 @@ def test_sigkilled_agent_shows_lost_within_the_expiry(tmp_path: Path, broker: Te
                 break
             time.sleep(0.2)
         elapsed = time.monotonic() - t0
-        assert elapsed <= 2.0 + 2.0, f"LOST only after {elapsed:.1f}s (expiry 2s)"
+        assert elapsed <= 4.0 + 2.0, f"LOST only after {elapsed:.1f}s (expiry 4s)"
         line = next(x for x in c.gpurm("nodes").out.splitlines() if x.startswith("node-2"))
         assert "LOST" in line
     finally:

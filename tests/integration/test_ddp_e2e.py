@@ -15,6 +15,9 @@ from gpurm.proto import gpurm_pb2 as pb
 from tests.conftest import TestBroker
 from tests.integration.harness import ROOT, DevCluster
 
+# torch learners on two servers (CPU-bound): on the one worker that runs such modules one at a time (tests/parallel.py)
+pytestmark = pytest.mark.whole_machine
+
 EXAMPLE = ROOT / "configs" / "jobs" / "ddp-train.yaml"
 FINAL = re.compile(r"rank (\d+) final loss ([\d.]+) accuracy ([\d.]+) weights (-?[\d.]+)")
 

@@ -16,6 +16,10 @@ from gpurm.proto import gpurm_pb2 as pb
 from tests.conftest import TestBroker
 from tests.integration.harness import ROOT, TERMINAL, DevCluster
 
+# torchrun learners that grow and shrink (CPU-bound, timed rendezvous): on the one worker that runs
+# such modules one at a time (tests/parallel.py)
+pytestmark = pytest.mark.whole_machine
+
 SCRIPT = ROOT / "configs" / "jobs" / "elastic_train.py"
 WORLD = re.compile(r"step (\d+) world (\d+)")
 
@@ -49,7 +53,7 @@ def wait_world(c: DevCluster, job: str, world: int, timeout: float = 120) -> int
         # every resize (and it never ends here).
         state = c.job(job)
         assert (state.state == pb.JOB_RUNNING) if seen else (state.state not in TERMINAL), state.diagnostics
-        time.sleep(0.5)
+        time.sleep(1.5)      # each look is a `gpurm logs` of every learner: CPU the learners need
     raise AssertionError(f"{job} never trained with world {world}; last steps {steps(c, job)[-5:]}\n"
                          + c.gpurm("logs", job, "--am").out[-3000:])
 

@@ -16,7 +16,7 @@ import grpc
 
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.rm.standby import LEADER_KEY
+from gpurm.rm.server.standby import LEADER_KEY
 from tests.conftest import TestBroker
 from tests.integration.harness import DevCluster
 
@@ -91,8 +91,11 @@ def test_the_standby_takes_over_a_killed_then_a_paused_leader_and_nothing_is_los
         with grpc.insecure_channel(leader) as channel:
             leader_http = pbg.ClientStub(channel).GetClusterInfo(pb.ClusterInfoRequest(), timeout=5).http_url
         other_http = next(r["http"] for r in c.info["rms"] if r["address"] == other)
-        status, location = _get_no_redirect(f"http://{other_http}/jobs/{job_id}")
-        assert leader_http and (status, location) == (307, f"{leader_http}/jobs/{job_id}"), (status, location)
+        # (503 until the leader's web UI URL reaches its lease row, which the standby reads.)
+        expected = (307, f"{leader_http}/jobs/{job_id}")
+        assert leader_http
+        wait_for("the standby's web UI redirects to the leader's",
+                 lambda: _get_no_redirect(f"http://{other_http}/jobs/{job_id}") == expected, 3 * LEASE_S + 10)
         # Both agents follow to the leader; a new job runs there.
         wait_for("the agents re-register", lambda: _running_nodes(leader) == 2, 30)
         quick = c.gpurm("submit", "--gpus", "1", "--name", "after", "--", "true", env=everyone)

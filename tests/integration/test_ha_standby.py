@@ -1,4 +1,5 @@
-"""Leadership on a real PostgreSQL (rm/leadership.py, rm/standby.py): one RM leads; a standby answers every call,
+"""Leadership on a real PostgreSQL (rm/server/leadership.py, rm/server/standby.py): one RM leads; a standby answers
+every call,
 unary or streaming, with UNAVAILABLE naming the leader; when the leader stops renewing (as a SIGSTOPped one) the
 standby takes over within the lease at a higher epoch, the old leader finds itself deposed, and its writes are
 refused (fencing)."""
@@ -16,13 +17,14 @@ import grpc
 import psycopg
 import pytest
 
+from gpurm.common.limits import ServerLimits
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.rm.leadership import Fenced, Lease, fence
-from gpurm.rm.limits import ServerLimits
-from gpurm.rm.standby import LEADER_KEY, Leadership
-from gpurm.rm.store import StoreWriteError, rows
-from gpurm.rm.storeurl import open_store
+from gpurm.rm.server.leadership import Fenced, Lease, fence
+from gpurm.rm.server.standby import LEADER_KEY, Leadership
+from gpurm.rm.storage.postgres import IDLE_IN_TRANSACTION_MS, SESSION_OPTIONS
+from gpurm.rm.storage.store import StoreWriteError, rows
+from gpurm.rm.storage.url import open_store
 from tests.conftest import free_port
 
 LEASE_S = 2.0
@@ -121,6 +123,32 @@ def test_a_deposed_leaders_store_write_is_refused_and_commits_nothing(pg_url: st
     finally:
         for s in stores:
             s.close()
+        for lease in leases:
+            lease.conn.close()
+
+
+def test_a_write_cut_off_before_its_commit_does_not_keep_the_standby_from_taking_over(pg_url: str) -> None:
+    """A leader cut off mid-write leaves its transaction open on the server, holding the fence's lock on the lease
+    row; the RM's sessions have idle_in_transaction_session_timeout, so the server rolls it back within seconds,
+    not when TCP notices (hours), and the standby's take goes through."""
+    leases = [Lease(psycopg.connect(pg_url, autocommit=True, options=SESSION_OPTIONS), f"rm-{k}:7070", 1.0)
+              for k in "ab"]
+    cut = psycopg.connect(pg_url, autocommit=True, options=SESSION_OPTIONS)   # the leader's writer
+    try:
+        leases[0].ensure_schema()
+        epoch_a = leases[0].take()
+        cut.execute("BEGIN")
+        fence(cut.cursor(), leases[0].holder, epoch_a)           # ... and its COMMIT never arrives
+        time.sleep(1.2)                                          # the lease has run out
+        leases[1].conn.execute("SET lock_timeout = '30s'")       # without the timeout, this take would wait it out
+        began = time.monotonic()
+        assert leases[1].take() == epoch_a + 1
+        waited = time.monotonic() - began
+        assert 2.0 < waited < IDLE_IN_TRANSACTION_MS / 1000 + 5, waited   # it did wait, for the server's rollback
+        with pytest.raises(psycopg.Error, match="idle-in-transaction"):   # the server ended the cut-off session
+            cut.execute("COMMIT")
+    finally:
+        cut.close()
         for lease in leases:
             lease.conn.close()
 

@@ -20,10 +20,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpurm.common.callers import AM_TOKEN_KEY, USER_KEY
+from gpurm.common.limits import ServerLimits
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.rm.limits import ServerLimits
-from gpurm.rm.service import AM_TOKEN_KEY, USER_KEY
 from tests.conftest import TestBroker
 from tests.integration.rmproc import USER, RMProcess
 
@@ -166,7 +166,6 @@ BREAKERS: dict[str, st.SearchStrategy[Callable[[pb.JobSpec], object]]] = {
     "locality": st.one_of(
         st.tuples(st.sampled_from(["timeout_ms", "backoff_base_ms", "backoff_max_ms"]), BAD_DURATION).map(
             lambda fv: lambda s: _locality(s, *fv)),
-        st.just(lambda s: s.locality.MergeFrom(pb.LocalitySpec(backoff_base_ms=5000, backoff_max_ms=1000))),
         TEXT.filter(lambda t: t.lower() not in ("", "node", "packed", "rack", "any")).map(
             lambda v: lambda s: _locality(s, "start_level", v))),
 }

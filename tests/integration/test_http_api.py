@@ -37,7 +37,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, broker: TestBroker) -> Ite
 def call(c: DevCluster, method: str, path: str, body: Any = None, user: str = OWNER,
          headers: dict[str, str] | None = None, raw: bytes | None = None) -> tuple[int, dict[str, str], Any]:
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    hdrs = {"X-Gpurm-User": user, **({"Content-Type": "application/json"} if method in ("POST", "DELETE") else {}),
+    hdrs = {"X-Gpurm-User": user, **({"Content-Type": "application/json"} if method == "POST" else {}),
             **(headers or {})}
     req = urllib.request.Request(c.http_url + path, data=data, method=method, headers=hdrs)
     try:
@@ -72,6 +72,17 @@ def test_the_url_is_announced_and_the_cluster_summary_counts_gpus(cluster: DevCl
     assert "default-src 'none'" in headers["Content-Security-Policy"]
     admin_info = cluster.gpurm("admin", "info")
     assert admin_info.code == 0 and cluster.http_url in admin_info.out
+
+
+def test_each_rack_in_sum_and_a_small_cluster_in_detail(cluster: DevCluster) -> None:
+    _, _, body = call(cluster, "GET", "/api/v1/cluster")
+    assert [(r["rack"], r["servers"], r["gpus"]["total"], r["detailed"]) for r in body["racks"]] == \
+        [("rack-1", 1, 4, True), ("rack-2", 1, 4, True)]
+    assert sum(r["gpus"]["free"] + r["gpus"]["used"] for r in body["racks"]) == body["gpus"]["total"] == 8
+    status, _, one = call(cluster, "GET", "/api/v1/cluster?rack=rack-2")
+    assert status == 200 and [r["rack"] for r in one["racks"] if r["nodes"]] == ["rack-1", "rack-2"]
+    status, _, missing = call(cluster, "GET", "/api/v1/cluster?rack=rack-9")
+    assert status == 404 and "rack 'rack-9' has no servers" in missing["error"]["message"]
 
 
 def test_a_foreign_host_name_is_refused_on_loopback(cluster: DevCluster) -> None:
@@ -114,15 +125,19 @@ def test_list_filters_and_pagination(cluster: DevCluster) -> None:
     assert status == 200 and page["total"] == 5
     assert [j["job_id"] for j in page["jobs"]] == mine[::-1][:2]          # newest first
     seen = [j["job_id"] for j in page["jobs"]]
-    while page["next_cursor"]:
-        _, _, page = call(cluster, "GET", f"/api/v1/jobs?user=pager&limit=2&cursor={page['next_cursor']}")
+    while page["next_page_token"]:
+        _, _, page = call(cluster, "GET", f"/api/v1/jobs?user=pager&limit=2&page_token={page['next_page_token']}")
         seen += [j["job_id"] for j in page["jobs"]]
     assert seen == mine[::-1]
     _, _, by_offset = call(cluster, "GET", "/api/v1/jobs?user=pager&limit=2&offset=4")
-    assert [j["job_id"] for j in by_offset["jobs"]] == [mine[0]] and by_offset["next_cursor"] is None
+    assert [j["job_id"] for j in by_offset["jobs"]] == [mine[0]] and by_offset["next_page_token"] is None
+    _, _, first = call(cluster, "GET", "/api/v1/jobs?user=pager&limit=1")       # a token and an offset: skip
+    _, _, skipped = call(cluster, "GET", f"/api/v1/jobs?user=pager&limit=1&offset=2&page_token="  # after it
+                                         f"{first['next_page_token']}")
+    assert [j["job_id"] for j in skipped["jobs"]] == [mine[1]]
     for job_id in mine:
         cluster.wait_job(job_id, timeout=60)
-    _, _, done = call(cluster, "GET", "/api/v1/jobs?user=pager&state=succeeded,FAILED")
+    _, _, done = call(cluster, "GET", "/api/v1/jobs?user=pager&state=SUCCEEDED,FAILED")
     assert {j["job_id"] for j in done["jobs"]} == set(mine) and all(j["state"] == "SUCCEEDED" for j in done["jobs"])
     _, _, none = call(cluster, "GET", "/api/v1/jobs?user=pager&state=RUNNING&queue=default")
     assert none["jobs"] == [] and none["total"] is None      # by state: not counted (that would walk every job)
@@ -133,9 +148,12 @@ def test_list_filters_and_pagination(cluster: DevCluster) -> None:
 @pytest.mark.parametrize(("path", "field"), [
     ("/api/v1/jobs?limit=0", "limit: must be an integer from 1 to 1000, got 0"),
     ("/api/v1/jobs?limit=x", "limit:"),
-    ("/api/v1/jobs?state=DONE", "state: unknown job state 'DONE'"),
-    ("/api/v1/jobs?cursor=abc", "cursor: not a cursor"),
-    ("/api/v1/jobs?cursor=5&offset=1", "cursor: give cursor or offset"),
+    ("/api/v1/jobs?state=DONE", "state: must be job states in capitals"),
+    ("/api/v1/jobs?state=running", "state: must be job states in capitals"),
+    ("/api/v1/jobs?limit=+5", "limit: must be an integer"),
+    ("/api/v1/jobs?page_token=abc", "page_token: not a page token"),
+    ("/api/v1/jobs?page_token=", "page_token: is empty"),
+    ("/api/v1/jobs/job-1/logs?am=1", "am: must be true or false"),
     ("/api/v1/jobs/job-1/logs?rank=-1", "rank:"),
 ])
 def test_bad_queries_say_which_field(cluster: DevCluster, path: str, field: str) -> None:
@@ -145,11 +163,15 @@ def test_bad_queries_say_which_field(cluster: DevCluster, path: str, field: str)
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ({"gpus": 0, "command": "x"}, "gpus: must be at least 1, got 0"),
+    ({"gpus": 0, "command": "x"}, "gpus: must be a whole number of GPUs (at most 8, the cluster's GPUs now)"),
     ({"gpus": 1}, "command: is required"),
-    ({"gpus": 1, "command": "x", "colour": "red"}, "colour: unknown field"),
-    ({"gpus": 1, "command": "x", "env": {"CUDA_VISIBLE_DEVICES": "0"}}, "env.CUDA_VISIBLE_DEVICES: is set by gpurm"),
-    ({"gpus": 99, "command": "x"}, "99"),   # more GPUs than the cluster has: the core's refusal, as over gRPC
+    ({"command": "x"}, "gpus: is required"),
+    ({"gpus": 1, "command": ""}, "command: must be a shell command"),
+    ({"gpus": 1, "command": "x", "colour": "red"}, "body: unknown field 'colour'"),
+    ({"gpus": 1, "command": "x", "env": {"CUDA_VISIBLE_DEVICES": "0"}}, "'CUDA_VISIBLE_DEVICES' is not an allowed"),
+    ({"gpus": 99, "command": "x"}, "got '99'"),   # more GPUs than the cluster has: the document says its size
+    ({"gpus": "0.5", "command": "x", "placement": "spread"}, "placement:"),
+    ({"gpus": {"min": 4, "max": 2}, "command": "x"}, "gpus.max: must be between gpus.min (4)"),   # between fields
     (["not", "an", "object"], "body: must be a JSON object"),
 ])
 def test_bad_specs_are_refused_naming_the_field(cluster: DevCluster, spec: Any, message: str) -> None:
@@ -159,18 +181,21 @@ def test_bad_specs_are_refused_naming_the_field(cluster: DevCluster, spec: Any, 
 
 
 def test_the_same_message_as_the_cli(cluster: DevCluster) -> None:
-    cli = cluster.gpurm("submit", "--gpus", "99", "--", "true")
+    """A rule between fields is the job-spec rules' own, and says what the CLI says."""
+    cli = cluster.gpurm("submit", "--gpus", "4:2", "--", "true")
     assert cli.code != 0
-    _, _, body = call(cluster, "POST", "/api/v1/jobs", {"gpus": 99, "command": "true"})
-    assert body["error"]["message"] in cli.err
+    _, _, body = call(cluster, "POST", "/api/v1/jobs", {"gpus": {"min": 4, "max": 2}, "command": "true"})
+    assert body["error"]["message"].removeprefix("spec: ") in cli.err
 
 
 def test_kill_needs_the_owner_and_works_both_ways(cluster: DevCluster) -> None:
     first, second = submit(cluster, SLEEPER), submit(cluster, SLEEPER)
-    status, _, body = call(cluster, "DELETE", f"/api/v1/jobs/{first}", user=OTHER)
+    status, _, body = call(cluster, "POST", f"/api/v1/jobs/{first}/kill", {}, user=OTHER)
     assert status == 403 and body["error"]["code"] == "PERMISSION_DENIED"
     assert f"{OTHER} may not kill {first}" in body["error"]["message"]
-    status, _, body = call(cluster, "DELETE", f"/api/v1/jobs/{first}", {"reason": "done with it"})
+    status, _, body = call(cluster, "DELETE", f"/api/v1/jobs/{first}")      # a kill is not a DELETE
+    assert status == 405 and body["error"]["code"] == "METHOD_NOT_ALLOWED" and _allow(cluster, first) == "GET"
+    status, _, body = call(cluster, "POST", f"/api/v1/jobs/{first}/kill", {"reason": "done with it"})
     assert status == 200 and body["job"]["state"] == "KILLED"
     status, _, body = call(cluster, "POST", f"/api/v1/jobs/{second}/kill")
     assert status == 200 and body["job"]["state"] == "KILLED"
@@ -193,7 +218,12 @@ def test_logs_follow_the_grpc_rules(cluster: DevCluster) -> None:
             break
         time.sleep(0.1)
     assert "hello from rank 0" in text and isinstance(body["size"], int)
-    call(cluster, "DELETE", f"/api/v1/jobs/{job_id}")
+    call(cluster, "POST", f"/api/v1/jobs/{job_id}/kill", {})
+
+
+def _allow(cluster: DevCluster, job_id: str) -> str:
+    _, headers, _ = call(cluster, "PUT", f"/api/v1/jobs/{job_id}")
+    return headers.get("Allow", "")
 
 
 def test_nodes_queues_and_missing_things(cluster: DevCluster) -> None:

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from gpurm.cli.client import current_user
-from gpurm.rm import pki
+from gpurm.rm.security import pki
 from tests.conftest import TestBroker
 from tests.integration.harness import DevCluster
 
@@ -72,12 +72,12 @@ def test_other_certificates_get_what_grpc_gives_them(cluster: DevCluster) -> Non
     bob = context(cluster, "bob")
     status, job = call(cluster, bob, "GET", f"/api/v1/jobs/{job_id}")
     assert status == 200 and job["spec"]["env"] == {"TOKEN": "(hidden)"}
-    status, body = call(cluster, bob, "DELETE", f"/api/v1/jobs/{job_id}")
+    status, body = call(cluster, bob, "POST", f"/api/v1/jobs/{job_id}/kill", {})
     assert status == 403 and f"bob may not kill {job_id}" in body["error"]["message"]
     node = context(cluster, "node:node-1")
     status, body = call(cluster, node, "POST", "/api/v1/jobs", {"gpus": 1, "command": "true"})
     assert status == 403 and "cannot act as a user" in body["error"]["message"]
-    status, body = call(cluster, me, "DELETE", f"/api/v1/jobs/{job_id}")
+    status, body = call(cluster, me, "POST", f"/api/v1/jobs/{job_id}/kill", {})
     assert status == 200 and body["job"]["state"] == "KILLED"
 
 

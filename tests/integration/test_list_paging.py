@@ -1,4 +1,4 @@
-"""List pages end to end (rm/paging.py): a real RM with more nodes and jobs than one page, listed through gRPC
+"""List pages end to end (rm/server/paging.py): a real RM with more nodes and jobs than one page, listed through gRPC
 (ListNodes, ListJobs, ListQueues), the CLI (`gpurm nodes`, `gpurm jobs`, table and JSON) and the REST API.
 
 The nodes are registered over the tracker RPC and never beat: they stay RUNNING long enough for the test (the
@@ -21,10 +21,10 @@ from typing import Any
 import grpc
 import pytest
 
+from gpurm.common.callers import USER_KEY
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.rm import paging
-from gpurm.rm.service import USER_KEY
+from gpurm.rm.server import paging
 from tests.conftest import TestBroker
 from tests.integration.rmproc import RMProcess
 
@@ -197,7 +197,7 @@ def test_rest_lists_page_with_next_page_token(rm: RMProcess) -> None:
     names: list[str] = []
     token = ""
     while True:
-        status, body = rest(rm, f"/api/v1/jobs?limit=6&page_token={token}")
+        status, body = rest(rm, "/api/v1/jobs?limit=6" + (f"&page_token={token}" if token else ""))
         assert status == 200 and body["total"] == JOBS
         names += [j["spec"]["name"] for j in body["jobs"]]
         token = body["next_page_token"]
@@ -223,3 +223,47 @@ def test_the_web_ui_jobs_page_links_to_the_next_page(rm: RMProcess) -> None:
         path = html.unescape(older.group(1))
         assert "page_token=" in path
     assert shown == [f"job-{i}" for i in range(JOBS, 0, -1)]
+
+
+# ---------------------------------------------------------------- filters on the RM
+
+
+def test_node_filters_run_on_the_rm(rm: RMProcess) -> None:
+    """Rack, name pattern, GPU model, free GPUs and state: the RM answers only matching nodes, page after page."""
+    in_rack = [n for n in node_ids() if int(n[-3:]) % 7 == 3]
+    got = paging.fetch_all(lambda r: rm.client.ListNodes(r, timeout=30),
+                           pb.ListNodesRequest(rack="rack-3", page_size=20), "nodes")
+    assert [n.node_id for n in got] == in_rack
+    got = paging.fetch_all(lambda r: rm.client.ListNodes(r, timeout=30),
+                           pb.ListNodesRequest(name="pg-00[0-1]?", gpu_model="fak*", min_free_gpus=1,
+                                               states=[pb.NODE_RUNNING]), "nodes")
+    assert [n.node_id for n in got] == node_ids()[:20]
+    assert rm.client.ListNodes(pb.ListNodesRequest(min_free_gpus=2), timeout=30).nodes == []
+    assert rm.client.ListNodes(pb.ListNodesRequest(states=[pb.NODE_LOST]), timeout=30).nodes == []
+    with pytest.raises(grpc.RpcError) as bad:
+        rm.client.ListNodes(pb.ListNodesRequest(min_free_gpus=-1), timeout=30)
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "min_free_gpus" in (bad.value.details() or "")
+    # The CLI: the flags become the request; table and JSON list the same nodes.
+    listed = json.loads(gpurm(rm, "nodes", "--rack", "rack-3", "--page-size", "7", "-o", "json"))
+    assert [n["node_id"] for n in listed] == in_rack
+    table = gpurm(rm, "nodes", "--rack", "rack-3", "--name", "pg-000*")
+    assert [ln.split()[0] for ln in table.splitlines()[1:-1]] == [n for n in in_rack if n.startswith("pg-000")]
+    assert table.splitlines()[-1].startswith(f"{len([n for n in in_rack if n.startswith('pg-000')])} nodes (of 510")
+    assert gpurm(rm, "nodes", "--model", "A100*") == "no nodes match (of 510 the RM knows)\n"
+
+
+def test_job_name_pattern_and_all_run_on_the_rm(rm: RMProcess) -> None:
+    listed = json.loads(gpurm(rm, "jobs", "--all", "--name", "p1?", "-o", "json", "--page-size", "3"))
+    assert [j["spec"]["name"] for j in listed] == [f"p{i}" for i in range(10, 20)]
+    reply = rm.client.ListJobs(pb.ListJobsRequest(name="p2*"), timeout=30)
+    assert [j.spec.name for j in reply.jobs] == ["p2", "p20", "p21", "p22"] and reply.total == -1
+    table = gpurm(rm, "jobs", "--all", "--name", "p[3-4]", "--user", "carol")
+    assert [ln.split()[1] for ln in table.splitlines() if ln.startswith("job-")] == ["p4"]
+
+
+def test_a_listing_is_one_json_item_a_line(rm: RMProcess) -> None:
+    """`-o json` of a list: one valid array, one item a line (what jq and line tools both read)."""
+    text = gpurm(rm, "nodes", "--limit", "3", "-o", "json")
+    lines = text.splitlines()
+    assert lines[0] == "[" and lines[-1] == "]" and len(lines) == 5
+    assert [json.loads(ln.rstrip(","))["node_id"] for ln in lines[1:-1]] == node_ids()[:3]

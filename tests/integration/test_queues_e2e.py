@@ -80,6 +80,16 @@ def test_flood_then_the_other_queue_takes_its_share_back_by_preemption(cluster: 
     assert queue_row(c, "root.team-b")["used_gpus"] == 8 and queue_row(c, "root.team-a")["used_gpus"] == 8
     preempted = [j for j in a_jobs if c.job(j).preemptions]
     assert sorted(preempted) == sorted(newest)                        # the two newest, and only them
+    # team-b waited below its guarantee (min(demand, steady share)) until the preemption made room; team-a never.
+    table = c.gpurm("queues", "-o", "json").json()
+    rows = {r["path"]: r for r in table["queues"]}
+    assert rows["root.team-b"].get("below_guarantee_s", 0) >= TIMEOUT_S
+    assert rows["root.team-a"].get("below_guarantee_s", 0) == 0
+    by_size = {s["size"]: s for s in table["by_size"]}
+    assert by_size["2-4"]["started"] == 4 and by_size["5-8"]["started"] == 1
+    assert by_size["5-8"]["mean_s"] >= TIMEOUT_S > by_size["2-4"]["mean_s"]
+    text = c.gpurm("queues").out
+    assert "BELOW GUARANTEE" in text and "P99 QUEUEING" in text
     for j in preempted:
         job = c.job(j)
         assert job.state in (pb.JOB_ALLOCATING, pb.JOB_QUEUED)        # requeued with the same id
@@ -112,6 +122,11 @@ def test_refresh_with_a_bad_file_keeps_the_old_tree(config_cluster: DevCluster, 
     r = c.gpurm("admin", "refresh-queues", str(bad))
     assert r.code == 2 and "root.team-a.weight" in r.err and "root.team-a.colour" in r.err
     assert c.gpurm("queues", "-o", "json").json() == before
+    assert before["borrowing"] == "fair"
+    bad.write_text("borrowing: lifo\n" + QUEUES)
+    r = c.gpurm("admin", "refresh-queues", str(bad))
+    assert r.code == 2 and "borrowing: must be one of fair, las, gittins" in r.err, r.err
+    assert c.gpurm("queues", "-o", "json").json() == before
     # Removing a queue that still has a job is refused too.
     j = c.submit("--gpus", "1", "--queue", "team-b", *SLEEP)
     smaller = tmp_path / "smaller.yaml"
@@ -120,10 +135,12 @@ def test_refresh_with_a_bad_file_keeps_the_old_tree(config_cluster: DevCluster, 
     assert r.code == 2 and "root.team-b" in r.err and j in r.err
     c.gpurm("kill", j)
     good = tmp_path / "good.yaml"
-    good.write_text(QUEUES.replace("team-a: {}", "team-a: {weight: 3}"))
+    good.write_text("borrowing: las\n" + QUEUES.replace("team-a: {}", "team-a: {weight: 3}"))
     r = c.gpurm("admin", "refresh-queues", str(good))
     assert r.code == 0, r.err
     assert queue_row(c, "root.team-a")["weight"] == 3
+    assert c.gpurm("queues", "-o", "json").json()["borrowing"] == "las"
+    assert "borrowed GPUs ordered by las across queues, 0 borrowers preempted" in c.gpurm("queues").out
     # Guarantees above the cluster's 16 GPUs: applied (capacity changes as servers come and go), with a warning
     # from the RM, which knows the capacity; check-queues says the same offline for the --capacity it is given.
     over = tmp_path / "over.yaml"

@@ -1,4 +1,5 @@
-"""Retention of finished jobs on a real RM (rm.yaml retention; rm/retention.py): a store holding jobs that finished
+"""Retention of finished jobs on a real RM (rm.yaml retention; rm/state/retention.py): a store holding jobs that
+finished
 days ago (as an RM of an earlier version, or one down for a while, left it). On start the RM retires them from
 memory batch by batch; `GetJob` still answers for those within `retention.store` (from the store), says where to
 look for older ones, `GetAccounting` totals count every job, and a restart loads only the jobs kept in memory."""
@@ -12,10 +13,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gpurm.common.jobspec import JobSpec
+from gpurm.common.model import Container, ContainerKind, ContainerPhase, Job, JobState
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.model import Container, ContainerKind, ContainerPhase, Job, JobState
-from gpurm.rm.store import SqliteStore
+from gpurm.rm.storage.store import SqliteStore
 from tests.conftest import TestBroker
 from tests.integration.rmproc import RMProcess, poll
 

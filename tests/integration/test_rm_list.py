@@ -24,8 +24,8 @@ import grpc
 import pytest
 import yaml
 
+from gpurm.common.rmlist import LEADER_KEY
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.rm.rmlist import LEADER_KEY
 from tests.conftest import TestBroker
 from tests.integration.harness import ROOT
 from tests.integration.rmproc import WAIT, AgentProcess, RMProcess, poll

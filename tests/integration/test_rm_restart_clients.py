@@ -153,7 +153,7 @@ def test_the_rm_marks_its_own_refusals(cluster: tuple[RMProcess, AgentProcess]) 
     # So that a client never takes a refusal the RM made (even an UNAVAILABLE one) for the RM being away.
     import grpc
 
-    from gpurm.rm.retry import ANSWERED_KEY, answered
+    from gpurm.common.retry import ANSWERED_KEY, answered
 
     rm, _agent = cluster
     with pytest.raises(grpc.RpcError) as err:

@@ -138,3 +138,67 @@ def test_the_quick_exit_flushes_everything_and_spares_profilers(tmp_path: Path) 
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["finished"] == 3
     assert profile.stat().st_size > 0
+
+
+def test_reservations_and_the_history_flags(tmp_path: Path) -> None:
+    trace = write_jsonl(tmp_path / "t.jsonl", JOBS)
+    prior = tmp_path / "prior.csv"
+    prior.write_text("queue,gpus,duration_s\nprod,1,30\nprod,1,60\n")
+    base = ("sim", "--trace", str(trace), "--format", "jsonl", "--cluster", "1x2x8", "--no-plots", "-o", "json")
+    r = gpurm(*base, "--out", str(tmp_path / "o"), "--reservations", "2", "--reserve-after", "5m",
+              "--history-by", "queue", "--history-prior", str(prior))
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert {k: summary["inputs"][k] for k in ("reservations", "reserve_after_s", "history_by",
+                                              "history_prior_jobs")} == {
+        "reservations": 2, "reserve_after_s": 300, "history_by": "queue", "history_prior_jobs": 2}
+    assert set(summary["queue_p99_by_class"]) == set(summary["queue_by_class"])
+    assert "max_below_guarantee_s" in summary["fairness"]
+    for flags, named in ((("--reservations", "-1"), "--reservations"), (("--history-by", "team"), "--history-by"),
+                         (("--history-prior", str(tmp_path / "nope.csv")), "--history-prior"),
+                         (("--reserve-after", "soon"), "--reserve-after")):
+        r = gpurm(*base, "--out", str(tmp_path / "bad"), *flags)
+        assert r.returncode == 2 and named in r.stderr, (flags, r.stderr)
+
+
+def test_borrowing_flag_and_config(tmp_path: Path) -> None:
+    # a borrows a second 8-GPU server beyond its steady share (8 of 16); two hours on, b's short job arrives. No
+    # fair-share preemption: under `fair` it waits for a's jobs to end (10 h); under a borrowing policy it takes
+    # the borrower's GPUs (inside b's steady share: its guarantee) after the borrower's minimum run.
+    trace = write_jsonl(tmp_path / "t.jsonl", [
+        {"id": "a1", "submit": 0, "gpus": 8, "duration": "10h", "queue": "a"},
+        {"id": "a2", "submit": 10, "gpus": 8, "duration": "10h", "queue": "a"},
+        {"id": "b1", "submit": "2h", "gpus": 8, "duration": "10m", "queue": "b"}])
+    queues = tmp_path / "q.yaml"
+    plain = ("defaults: {fair_share_preemption_timeout: off, min_share_preemption_timeout: off}\n"
+             "queues: {a: {}, b: {}}\n")
+    queues.write_text(plain)
+    base = ("sim", "--trace", str(trace), "--format", "jsonl", "--cluster", "1x2x8", "--no-plots", "-o", "json",
+            "--queues", str(queues))
+
+    def sim(name: str, *flags: str) -> tuple[dict[str, object], float]:
+        r = gpurm(*base, "--out", str(tmp_path / name), *flags)
+        assert r.returncode == 0, r.stderr
+        rows = (tmp_path / name / "jobs.csv").read_text().splitlines()
+        header = rows[0].split(",")
+        b1 = next(dict(zip(header, row.split(","), strict=True)) for row in rows[1:] if row.startswith("b1,"))
+        return json.loads(r.stdout), float(b1["queue_s"])
+
+    summary, waited = sim("fair")
+    assert summary["borrowing"] == {"policy": "fair", "preemptions": 0} and summary["inputs"]["borrowing"] == "fair"
+    assert waited > 7 * 3600
+    summary, waited = sim("las", "--borrowing", "las")
+    assert summary["borrowing"] == {"policy": "las", "preemptions": 1} and summary["inputs"]["borrowing"] == "las"
+    assert waited < 600
+    queues.write_text("borrowing: gittins\n" + plain)          # the config's own, unless the flag says otherwise
+    assert sim("config")[0]["borrowing"] == {"policy": "gittins", "preemptions": 1}
+    assert sim("flag", "--borrowing", "fair")[0]["borrowing"] == {"policy": "fair", "preemptions": 0}
+    r = gpurm("sim", "--trace", str(trace), "--format", "jsonl", "--cluster", "1x2x8", "--no-plots", "--queues",
+              str(queues), "--out", str(tmp_path / "t"), "--borrowing", "srtf")   # the table; srtf: the sim only
+    assert r.returncode == 0, r.stderr
+    assert "borrowed GPUs ordered by" in r.stdout and "srtf (1 borrowers preempted)" in r.stdout
+    r = gpurm(*base, "--out", str(tmp_path / "bad"), "--borrowing", "lifo")
+    assert r.returncode == 2 and "--borrowing" in r.stderr
+    queues.write_text("borrowing: lifo\n" + plain)
+    r = gpurm(*base, "--out", str(tmp_path / "bad"))
+    assert r.returncode == 2 and "borrowing: must be one of fair, las, gittins" in r.stderr

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from gpurm.rm.cluster import GpuRecord, Node, NodeState
-from gpurm.rm.core import RMCore
-from gpurm.rm.jobspec import JobSpec, Locality, LocalityLevel
-from gpurm.rm.model import Attempt, Container, ContainerKind, ExitKind, ExitStatus, Job, JobState, Learner
-from gpurm.rm.retention import Retention, RetentionSettings
-from gpurm.rm.store import RMStore, Rows, StoreDamaged, StoreTooNew, StoreWriteError, rows
-from gpurm.rm.storeurl import open_store
+from gpurm.common.gpus import GpuRecord
+from gpurm.common.jobspec import JobSpec, Locality, LocalityLevel
+from gpurm.common.model import Attempt, Container, ContainerKind, ExitKind, ExitStatus, Job, JobState, Learner
+from gpurm.rm.state.cluster import Node, NodeState
+from gpurm.rm.state.core import RMCore
+from gpurm.rm.state.retention import Retention, RetentionSettings
+from gpurm.rm.storage.store import RMStore, Rows, StoreDamaged, StoreTooNew, StoreWriteError, rows
+from gpurm.rm.storage.url import open_store
 from tests.conftest import free_port
 from tests.unit.test_retention import T0, finished_job, learner
 
@@ -151,7 +152,8 @@ def test_retired_jobs_leave_the_loaded_tables_keep_their_rows_and_detail_until_p
     snap = store.open().load()
     assert [j.job_id for j in snap.jobs] == ["job-5", "job-6"]
     assert {c.job_id for c in snap.containers} == {"job-5", "job-6"}
-    assert snap.learned == [1000.0, 1000.0, 1000.0]
+    assert [(f.user, f.gpus, f.size_gpu_s) for f in snap.learned] == [
+        ("alice", 2.0, 1000.0), ("bob", 2.0, 1000.0), ("bob", 2.0, 1000.0)]
     found = s.load_retired("job-1")
     assert found is not None and found[0] == jobs[0]
     assert sorted(c.container_id for c in found[1]) == ["job-1-c1", "job-1-c2"]
@@ -234,7 +236,7 @@ def test_the_password_is_never_shown(pg_url: str, tmp_path: Path) -> None:
 
 
 def test_backup_and_restore_drill(pg_url: str, tmp_path: Path) -> None:
-    from gpurm.rm.storeadmin import StoreAdminError, backup_url, check_url, restore_url
+    from gpurm.rm.storage.admin import StoreAdminError, backup_url, check_url, restore_url
 
     s = open_store(pg_url, tmp_path)
     s.save([job(1), job(2)], [], [], {"next_job_seq": "3"})

@@ -18,11 +18,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gpurm.common import tls
+from gpurm.common.callers import USER_KEY
+from gpurm.common.tls import TLSConfig, load_tls
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.rm import tls
-from gpurm.rm.service import USER_KEY
-from gpurm.rm.tls import TLSConfig, load_tls
 from tests.conftest import TestBroker
 from tests.integration.harness import ROOT
 from tests.integration.rmproc import AgentProcess, RMProcess

@@ -15,7 +15,7 @@ def test_version_names_the_build_in_use() -> None:
                           capture_output=True, text=True, timeout=60, check=True)
     info = json.loads(done.stdout)
     assert info["gpurm"] and info["python"].startswith("CPython 3.")
-    import gpurm.rm.core
-    compiled = not str(gpurm.rm.core.__file__).endswith(".py")
+    import gpurm.rm.state.core
+    compiled = not str(gpurm.rm.state.core.__file__).endswith(".py")
     assert (info["build"] != "interpreted") == compiled, info
     assert info["detail"] == native.status().reason and info["stale"] == []

@@ -29,6 +29,9 @@ from gpurm.proto import gpurm_pb2 as pb
 from tests.conftest import TestBroker
 from tests.integration.harness import ROOT, DevCluster
 
+# a Chromium per module, and a dev cluster: on the one worker that runs such modules one at a time (tests/parallel.py)
+pytestmark = pytest.mark.whole_machine
+
 INSTALL = "apt-get update && apt-get install -y chromium chromium-driver"
 DOC_IMAGES = ROOT / "docs" / "img"
 T = TypeVar("T")

@@ -32,13 +32,14 @@ from typing import Any
 import aiomqtt
 import grpc
 
+from gpurm.common import mqtt, tls
+from gpurm.common.callers import AM_TOKEN_KEY, USER_KEY
+from gpurm.common.mqtt import Credentials
+from gpurm.common.tls import TLSConfig, load_tls
+from gpurm.common.tokens import ClusterKeys, TokenKey, am_token, join_proof, parse_node_secret, sign_container
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.rm import mqtt, pki, tls
-from gpurm.rm.brokerauth import Credentials
-from gpurm.rm.identity import AM_TOKEN_KEY, USER_KEY
-from gpurm.rm.tls import TLSConfig, load_tls
-from gpurm.rm.tokens import ClusterKeys, TokenKey, am_token, join_proof, parse_node_secret, sign_container
+from gpurm.rm.security import pki
 from tests.integration.harness import TEST_RM_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -449,7 +450,7 @@ def silent_connection(c: Cluster) -> Result:
                   closed_after is not None and closed_after < 15)
 
 
-FORGED = "2026-01-01 00:00:00,000 ERROR gpurm.rm.daemon: forged by a learner"
+FORGED = "2026-01-01 00:00:00,000 ERROR gpurm.rm.server.daemon: forged by a learner"
 
 
 def control_characters(c: Cluster) -> Result:

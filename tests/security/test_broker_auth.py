@@ -24,9 +24,10 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
+from gpurm.common import mqtt
+from gpurm.common.mqtt import Credentials
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.rm import mqtt
-from gpurm.rm.brokerauth import Credentials, load
+from gpurm.rm.security.brokerauth import load
 from tests.conftest import TestBroker, free_port, run_broker, wait_port
 from tests.integration.harness import ROOT, DevCluster
 from tests.integration.rmproc import RMProcess, poll

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpurm.rm.statedir import backups
+from gpurm.rm.storage.statedir import backups
 from tests.conftest import TestBroker
 from tests.integration.rmproc import RMProcess
 from tests.security.rmstate import gpurm, known_node, run_rm

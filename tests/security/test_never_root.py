@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpurm.common import tls
+from gpurm.common.callers import USER_KEY
+from gpurm.common.tls import load_tls
 from gpurm.nodeagent.identity import DEFAULT_BANNED_USERS, DEFAULT_MIN_UID, RunAs
 from gpurm.nodeagent.launch import launch_spec, read_handshake, spawn_shim
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.rm import tls
-from gpurm.rm.service import USER_KEY
-from gpurm.rm.tls import load_tls
 from tests.conftest import TestBroker
 from tests.integration.rmproc import AgentProcess, RMProcess, poll
 from tests.integration.test_tls import CA

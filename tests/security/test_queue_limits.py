@@ -12,7 +12,7 @@ import pytest
 
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.queues.config import MAX_ACL_ENTRIES, MAX_DEPTH, MAX_NAME, MAX_QUEUES, MAX_YAML_BYTES
-from gpurm.rm import paging
+from gpurm.rm.server import paging
 from tests.conftest import TestBroker
 from tests.integration.rmproc import RMProcess
 

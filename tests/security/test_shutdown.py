@@ -70,7 +70,7 @@ def test_the_watchdog_ends_a_process_whose_loop_is_blocked() -> None:
     event loop) is stuck, logs why and exits 1."""
     code = ("import logging, time\n"
             "logging.basicConfig()\n"
-            "from gpurm.rm.process import ShutdownWatchdog\n"
+            "from gpurm.rm.server.process import ShutdownWatchdog\n"
             "ShutdownWatchdog(0.5).arm('SIGTERM')\n"
             "time.sleep(60)\n")
     t0 = time.monotonic()

@@ -15,10 +15,10 @@ from pathlib import Path
 import grpc
 
 from gpurm.am.view import ViewFollower
+from gpurm.common import mqtt, tls
+from gpurm.common.mqtt import Credentials
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
-from gpurm.rm import mqtt, tls
-from gpurm.rm.brokerauth import Credentials
 from tests.conftest import TestBroker
 from tests.integration.rmproc import AgentProcess, RMProcess
 

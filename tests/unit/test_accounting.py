@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from gpurm.common.jobspec import JobSpec
+from gpurm.common.model import Attempt, Container, ContainerKind, ContainerPhase, FailureKind, Job, JobState, Learner
 from gpurm.rm.accounting import Query, aggregate, by_fields, day_of, job_usage, parse_when, total, usages
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.model import Attempt, Container, ContainerKind, ContainerPhase, FailureKind, Job, JobState, Learner
 
 DAY1 = float(calendar.timegm(time.strptime("2026-11-02", "%Y-%m-%d")))
 DAY2 = DAY1 + 86400

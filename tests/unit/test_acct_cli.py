@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpurm.cli import acct
-from gpurm.cli.client import CliError
+from gpurm.cli.basics import CliError
 from gpurm.cli.main import build_parser
 from gpurm.proto import gpurm_pb2 as pb
 

@@ -1,14 +1,15 @@
-"""Admission (rm/admission.py) on its own: the leaf a job goes to, who may submit and kill, sizes that could run."""
+"""Admission (rm/state/admission.py) on its own: the leaf a job goes to, who may submit and kill, sizes that could
+run."""
 
 from __future__ import annotations
 
 import pytest
 
+from gpurm.common.jobspec import JobSpec
+from gpurm.common.model import Job
 from gpurm.queues.config import parse_queues
-from gpurm.rm.admission import admit, may_kill, resolve_queue
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.messages import ErrorCode, RequestError
-from gpurm.rm.model import Job
+from gpurm.rm.state.admission import admit, may_kill, resolve_queue
+from gpurm.rm.state.messages import ErrorCode, RequestError
 
 TREE = parse_queues("""
 queues:

@@ -1,4 +1,4 @@
-"""rm/aio.py: waits and stops that never lose a cancellation (Python 3.11's asyncio.wait_for can)."""
+"""gpurm/common/aio.py: waits and stops that never lose a cancellation (Python 3.11's asyncio.wait_for can)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gpurm.rm.aio import stop_task, stop_tasks, wait_set, within
+from gpurm.common.aio import stop_task, stop_tasks, wait_set, within
 
 
 def run(coro):  # type: ignore[no-untyped-def]

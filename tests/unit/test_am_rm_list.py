@@ -9,8 +9,8 @@ from typing import Any
 import grpc
 import pytest
 
-from gpurm.rm.retry import RetryPolicy
-from gpurm.rm.rmlist import LEADER_KEY, Channels
+from gpurm.common.retry import RetryPolicy
+from gpurm.common.rmlist import LEADER_KEY, Channels
 
 
 def aio_failure(details: str, trailer: tuple[tuple[str, str], ...] = ()) -> grpc.aio.AioRpcError:

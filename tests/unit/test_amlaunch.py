@@ -1,15 +1,16 @@
-"""AM launching (rm/amlaunch.py) on its own: the waiting line per queue, the caps, the least loaded node; starting
+"""AM launching (rm/state/amlaunch.py) on its own: the waiting line per queue, the caps, the least loaded node; starting
 an AM is a callback here."""
 
 from __future__ import annotations
 
+from gpurm.common.gpus import GpuRecord
+from gpurm.common.jobspec import JobSpec
+from gpurm.common.model import Job, JobState
 from gpurm.queues.config import parse_queues
 from gpurm.queues.tree import default_tree
-from gpurm.rm.amlaunch import AMLauncher
-from gpurm.rm.cluster import Cluster, GpuRecord, Node, NodeState
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.model import Job, JobState
-from gpurm.rm.queuebook import QueueBook
+from gpurm.rm.state.amlaunch import AMLauncher
+from gpurm.rm.state.cluster import Cluster, Node, NodeState
+from gpurm.rm.state.queuebook import QueueBook
 
 
 class Rig:

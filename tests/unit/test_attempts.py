@@ -1,13 +1,11 @@
-"""Attempt records (rm/attempts.py) on their own: an AM's reports folded into the job, learners following their
+"""Attempt records (rm/state/attempts.py) on their own: an AM's reports folded into the job, learners following their
 containers."""
 
 from __future__ import annotations
 
-from gpurm.rm.attempts import apply_report, follow_container
-from gpurm.rm.cluster import GpuRecord, Node
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.messages import AttemptUpdate
-from gpurm.rm.model import (
+from gpurm.common.gpus import GpuRecord
+from gpurm.common.jobspec import JobSpec
+from gpurm.common.model import (
     Attempt,
     Container,
     ContainerKind,
@@ -19,6 +17,9 @@ from gpurm.rm.model import (
     JobState,
     Learner,
 )
+from gpurm.rm.state.attempts import apply_report, follow_container
+from gpurm.rm.state.cluster import Node
+from gpurm.rm.state.messages import AttemptUpdate
 
 
 def job() -> Job:

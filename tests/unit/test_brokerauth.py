@@ -1,4 +1,5 @@
-"""Broker credentials and rights (rm/brokerauth.py) and the rm.yaml keys that name them: pure code, files only."""
+"""Broker credentials and rights (rm/security/brokerauth.py) and the rm.yaml keys that name them: pure code, files
+only."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gpurm.queues.fields import ConfigError
-from gpurm.rm import brokerauth
-from gpurm.rm.brokerauth import Action, BrokerAuthError, Role, may, topic_covered
+from gpurm.common.fields import ConfigError
 from gpurm.rm.config import load_rm_config
-from gpurm.rm.mqtt import telemetry_problem
+from gpurm.rm.security import brokerauth
+from gpurm.rm.security.brokerauth import Action, BrokerAuthError, Role, may, topic_covered
+from gpurm.rm.server.publisher import telemetry_problem
 
 # Made by mosquitto_passwd 2.0.11 (`mosquitto_passwd -b -c pw alice 's3cret!'`).
 MOSQUITTO_LINE = ("alice:$7$101$eaT/jCnmU5GfgBjB$1dpGjod53Fc3lP/cu1fEfD1+Ml7yqEq+Ow1XX23ECNwQLMwq3U6HLw+X3c5wX7R07Uy6"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gpurm.rm.cluster import Cluster, GpuRecord, Node, NodeState, choose_in_islands, nvlink_islands
+from gpurm.common.gpus import GpuRecord, choose_in_islands, nvlink_islands
+from gpurm.rm.state.cluster import Cluster, Node, NodeState
 
 NVLINK, SYSTEM = 1, 6
 

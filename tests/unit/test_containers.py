@@ -1,9 +1,9 @@
-"""The container index (rm/containers.py) on its own: every index follows a container from grant to end."""
+"""The container index (rm/state/containers.py) on its own: every index follows a container from grant to end."""
 
 from __future__ import annotations
 
-from gpurm.rm.containers import ContainerIndex
-from gpurm.rm.model import Container, ContainerKind, ContainerPhase
+from gpurm.common.model import Container, ContainerKind, ContainerPhase
+from gpurm.rm.state.containers import ContainerIndex
 
 
 def learner(cid: str, job: str = "job-1", gpus: int = 2, created: float = 0.0) -> Container:

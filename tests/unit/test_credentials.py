@@ -1,13 +1,13 @@
-"""rm/credentials.py: what the RM signs and remembers, with an injected clock."""
+"""rm/security/credentials.py: what the RM signs and remembers, with an injected clock."""
 
 from __future__ import annotations
 
 import pytest
 
+from gpurm.common.model import Container, ContainerKind
+from gpurm.common.tokens import JOIN_WINDOW_MS, ClusterKeys, TokenError, check_am_token, join_proof, verify_container
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.rm.credentials import Credentials
-from gpurm.rm.model import Container, ContainerKind
-from gpurm.rm.tokens import JOIN_WINDOW_MS, ClusterKeys, TokenError, check_am_token, join_proof, verify_container
+from gpurm.rm.security.credentials import Credentials
 
 KEYS = ClusterKeys(b"k" * 32)
 NOW = 1_800_000_000.0

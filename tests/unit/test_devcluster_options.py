@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpurm.cli.client import CliError
+from gpurm.cli.basics import CliError
 from gpurm.cli.devcluster import DevCluster
 from gpurm.cli.main import build_parser
 

@@ -1,4 +1,4 @@
-"""Elastic jobs: the spec, the RM's growth and take-back (rm/elastic.py), the AM's growth plan (am/elastic.py) and
+"""Elastic jobs: the spec, the RM's growth and take-back (rm/sched/elastic.py), the AM's growth plan (am/elastic.py) and
 its state machine's handling of grown learners. Injected clock, no sockets."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import pytest
 from gpurm.am.elastic import growth_parts
 from gpurm.am.master import Ended, Held, Launch, Master, Phase, Stop
 from gpurm.am.placement import ServerView, View
-from gpurm.queues.fields import ConfigError
+from gpurm.common.fields import ConfigError
+from gpurm.common.jobspec import JobSpec, LocalityLevel, parse_gpus, parse_job_yaml, spec_from_proto, spec_to_proto
+from gpurm.common.model import JobState, Learner
 from gpurm.rm.config import load_rm_config
-from gpurm.rm.core import AttemptUpdate, ContainerReport, ErrorCode, LaunchAM, RequestError, RMCore
-from gpurm.rm.elastic import IDLE_HOLD_S
-from gpurm.rm.jobspec import JobSpec, LocalityLevel, parse_gpus, parse_job_yaml, spec_from_proto, spec_to_proto
-from gpurm.rm.model import JobState, Learner
-from gpurm.rm.scheduler import Ask
+from gpurm.rm.sched.elastic import IDLE_HOLD_S
+from gpurm.rm.sched.scheduler import Ask
+from gpurm.rm.state.core import AttemptUpdate, ContainerReport, ErrorCode, LaunchAM, RequestError, RMCore
 from tests.unit.test_fair_scheduling import Rig
 from tests.unit.test_rm_core import cluster, launched, restarted, running
 

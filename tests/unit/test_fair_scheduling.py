@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from gpurm.common.gpus import GpuRecord
+from gpurm.common.jobspec import JobSpec
+from gpurm.common.model import ContainerPhase, JobState
 from gpurm.queues.config import parse_queues
-from gpurm.rm.cluster import GpuRecord
-from gpurm.rm.core import (
+from gpurm.rm.sched.scheduler import Ask
+from gpurm.rm.state.core import (
     AttemptUpdate,
     ContainerReport,
     ErrorCode,
@@ -16,9 +19,6 @@ from gpurm.rm.core import (
     RMCore,
     RMSettings,
 )
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.model import ContainerPhase, JobState
-from gpurm.rm.scheduler import Ask
 
 
 class Rig:
@@ -363,8 +363,8 @@ def test_a_running_gang_is_left_to_preemption() -> None:
 def test_a_gang_the_am_has_launched_is_not_revoked_before_the_agent_reports_it() -> None:
     # The AM holds its whole gang and launched it; the agents have not reported the learners running yet. That
     # gang hoards nothing: taking a grant back now would fail an attempt for no reason.
-    from gpurm.rm.core import AttemptUpdate
-    from gpurm.rm.model import JobState, Learner
+    from gpurm.common.model import JobState, Learner
+    from gpurm.rm.state.core import AttemptUpdate
 
     rig = Rig(TWO)
     big = rig.job("a", 24)

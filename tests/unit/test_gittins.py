@@ -1,13 +1,14 @@
-"""Tiresias' 2D-Gittins index (rm/gittins.py) and the `gittins` policy's ranks: known small distributions."""
+"""Tiresias' 2D-Gittins index (rm/sched/gittins.py) and the `gittins` policy's ranks: known small distributions."""
 
 from __future__ import annotations
 
 import pytest
 
 from gpurm.queues.tree import Policy
-from gpurm.rm import gittins
-from gpurm.rm.gittins import EDGES, GittinsIndex, bucket, index_table, next_edge
-from gpurm.rm.priority import Room, Standing, in_queue_victims, rank, rank_changes_at, waiting_rank
+from gpurm.rm.sched import gittins
+from gpurm.rm.sched.gittins import EDGES, bucket, index_table, next_edge
+from gpurm.rm.sched.history import Features, Finished, History
+from gpurm.rm.sched.priority import Room, Standing, in_queue_victims, rank, rank_changes_at, waiting_rank
 
 
 def test_buckets_double_from_one_gpu_minute() -> None:
@@ -35,15 +36,15 @@ def test_a_job_that_outlived_the_short_ones_ranks_below_a_new_one() -> None:
 
 
 def test_the_table_waits_for_enough_finished_jobs_and_rebuilds_on_growth() -> None:
-    g = GittinsIndex()
+    g = History("none")
     for _ in range(gittins.MIN_FINISHED - 1):
-        assert not g.finished(100.0)
+        assert not g.finished(Finished(size_gpu_s=100.0))
     assert not g.ready
-    assert g.finished(100.0) and g.ready and g.version == 1
-    built = len(g.sizes)
+    assert g.finished(Finished(size_gpu_s=100.0)) and g.ready and g.version == 1
+    built = len(g.sizes())
     grown = int(built * gittins.REBUILD_GROWTH)
-    assert not any(g.finished(100.0) for _ in range(grown - 1))     # < 10% more: the table stays
-    assert g.finished(100.0) and g.version == 2
+    assert not any(g.finished(Finished(size_gpu_s=100.0)) for _ in range(grown - 1))   # < 10% more: the table stays
+    assert g.finished(Finished(size_gpu_s=100.0)) and g.version == 2
 
 
 def st(job: str, seq: int, gpus: int = 1, attained: float = 0.0, running_since: float = -1.0,
@@ -51,16 +52,16 @@ def st(job: str, seq: int, gpus: int = 1, attained: float = 0.0, running_since: 
     return Standing(job, seq, gpus, attained, attained / gpus, waiting_since, 0.0, running_since)
 
 
-def learned(sizes: list[float]) -> GittinsIndex:
-    g = GittinsIndex()
+def learned(sizes: list[float]) -> History:
+    g = History("none")
     for s in sizes * (gittins.MIN_FINISHED // len(sizes) + 1):
-        g.finished(s)
+        g.finished(Finished(size_gpu_s=s))
     return g
 
 
 def test_gittins_ranks_as_las_until_ready_then_by_level_then_index() -> None:
     jobs = [st("long", 1, attained=100.0), st("new", 2)]
-    assert rank(Policy.GITTINS, 0.0, gittins=GittinsIndex())(jobs[0]) == rank(Policy.LAS, 0.0)(jobs[0])
+    assert rank(Policy.GITTINS, 0.0, gittins=History())(jobs[0]) == rank(Policy.LAS, 0.0)(jobs[0])
     # Sizes 60 or 480: a job at 100 (surely a 480 one) has index 1/420 < a new job's 1/120: inside las level 0,
     # the new one first (las: submit order, the older first).
     key = rank(Policy.GITTINS, 0.0, gittins=learned([60.0, 480.0]))
@@ -103,7 +104,7 @@ def test_gittins_preempts_across_levels_the_lowest_index_first() -> None:
     # 8,000 (surely a 20,000 one) has a lower index than the one at 4,000 (maybe a 5,000 one): a new job needing
     # one server's room takes the 8,000 one's.
     g = learned([60.0, 5000.0, 20000.0])
-    assert g.index(8000.0) < g.index(4000.0)
+    assert g.index(Features(), 8000.0) < g.index(Features(), 4000.0)
     running = [st("near", 1, gpus=4, attained=4000.0, running_since=0.0),
                st("far", 2, gpus=4, attained=8000.0, running_since=0.0)]
     waiting = [st("new", 3, gpus=4)]

@@ -1,5 +1,5 @@
-"""The golden check's second half: a cluster's life driven through the RM core's public calls (what rm/service.py
-and rm/daemon.py call), on an injected clock, written as an event log and compared line by line with
+"""The golden check's second half: a cluster's life driven through the RM core's public calls (what rm/server/service.py
+and rm/server/daemon.py call), on an injected clock, written as an event log and compared line by line with
 tests/data/golden/core-scenario.jsonl.
 
 The scenario: three nodes in two racks and two queues; jobs of 1, 8 and 16 GPUs submitted; AMs launched,
@@ -18,13 +18,13 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from gpurm.common.gpus import GpuRecord
+from gpurm.common.jobspec import JobSpec
+from gpurm.common.model import JobState, Learner
 from gpurm.queues.config import parse_queues
-from gpurm.rm.cluster import GpuRecord
-from gpurm.rm.core import AttemptUpdate, ContainerReport, NodeRegistration, RMCore, RMSettings
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.model import JobState, Learner
-from gpurm.rm.scheduler import Ask
-from gpurm.rm.store import MemoryStore
+from gpurm.rm.sched.scheduler import Ask
+from gpurm.rm.state.core import AttemptUpdate, ContainerReport, NodeRegistration, RMCore, RMSettings
+from gpurm.rm.storage.store import MemoryStore
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden" / "core-scenario.jsonl"
 QUEUES = """

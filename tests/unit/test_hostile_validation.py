@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from gpurm.common.fields import ConfigError, Problems, Reader, parse_duration
+from gpurm.common.jobspec import JobSpec, spec_from_proto, validate_spec
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.queues.config import MAX_COUNT, parse_queues
-from gpurm.queues.fields import ConfigError, Problems, Reader, parse_duration
-from gpurm.rm.jobspec import JobSpec, spec_from_proto, validate_spec
-from gpurm.rm.service import registration_problems, status_details
+from gpurm.rm.server.service import registration_problems, status_details
 
 GOOD_QUEUES = "queues:\n  default:\n    acl: {submit: ['*']}\n"
 

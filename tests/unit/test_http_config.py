@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpurm.queues.fields import ConfigError
+from gpurm.common.fields import ConfigError
 from gpurm.rm.config import HTTP_PORT, load_rm_config
 
 ROOT = Path(__file__).resolve().parents[2]

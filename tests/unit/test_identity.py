@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from gpurm.rm.identity import USER_KEY, CallerKind, identify, peer_is_local
+from gpurm.common.callers import USER_KEY
+from gpurm.rm.security.identity import CallerKind, identify, peer_is_local
 
 
 class Context:

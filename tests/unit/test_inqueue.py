@@ -1,17 +1,18 @@
-"""In-queue preemption (rm/inqueue.py) on its own: a cluster, a queue book and the job records by hand; the
+"""In-queue preemption (rm/sched/inqueue.py) on its own: a cluster, a queue book and the job records by hand; the
 preemptions it decides go to a callback."""
 
 from __future__ import annotations
 
+from gpurm.common.gpus import GpuRecord
+from gpurm.common.jobspec import JobSpec
+from gpurm.common.model import Container, ContainerKind, Job
 from gpurm.queues.tree import Policy, default_tree
-from gpurm.rm import preemption
-from gpurm.rm.cluster import Cluster, GpuRecord, Node
-from gpurm.rm.inqueue import InQueuePreemption
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.model import Container, ContainerKind, Job
-from gpurm.rm.queuebook import QueueBook
-from gpurm.rm.scheduler import Scheduler
-from gpurm.rm.standing import Standings
+from gpurm.rm.sched import preemption
+from gpurm.rm.sched.inqueue import InQueuePreemption
+from gpurm.rm.sched.scheduler import Scheduler
+from gpurm.rm.sched.standing import Standings
+from gpurm.rm.state.cluster import Cluster, Node
+from gpurm.rm.state.queuebook import QueueBook
 
 QUEUE = "root.default"
 

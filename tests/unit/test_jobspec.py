@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpurm.queues.fields import ConfigError
-from gpurm.rm.jobspec import (
+from gpurm.common.fields import ConfigError
+from gpurm.common.jobspec import (
     LocalityLevel,
     LocalityMode,
     Placement,

@@ -1,4 +1,4 @@
-"""rm/leadership.py's term timing (pure: the clock is passed in) and rm.yaml `ha:`."""
+"""rm/server/leadership.py's term timing (pure: the clock is passed in) and rm.yaml `ha:`."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gpurm.queues.fields import ConfigError
+from gpurm.common.fields import ConfigError
 from gpurm.rm.config import load_rm_config
-from gpurm.rm.leadership import Term
+from gpurm.rm.server.leadership import Term
 
 
 def test_a_standby_neither_renews_nor_steps_down() -> None:
@@ -34,6 +34,16 @@ def test_a_leader_that_cannot_renew_steps_down_before_its_lease_can_end() -> Non
     assert term.must_step_down(4.0)
     term.lost()
     assert not term.leading and not term.must_step_down(4.0)
+
+
+def test_a_renewal_is_never_waited_on_past_the_step_down_moment() -> None:
+    # A renewal hung on a cut-off database (packets dropped, no error) is given up at the step-down moment, so
+    # the leader steps down on time instead of a third of a lease later (tests/integration/test_ha_store_cut.py).
+    term = Term(ttl_s=3.0)
+    term.took(1, sent_at=10.0)
+    assert abs(term.step_down_in(11.9) - 0.5) < 1e-9 and term.step_down_in(12.4) == 0.0
+    term.renewed(12.0)
+    assert abs(term.step_down_in(12.0) - 2.4) < 1e-9
 
 
 def rm_yaml(tmp_path: Path, text: str) -> Path:

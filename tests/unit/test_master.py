@@ -6,8 +6,8 @@ import random
 
 from gpurm.am.master import AttemptRecord, Ended, Held, Launch, Master, Phase, Stop
 from gpurm.am.placement import ServerView
-from gpurm.rm.jobspec import JobSpec, Locality, LocalityLevel
-from gpurm.rm.model import FailureKind, JobState, Learner
+from gpurm.common.jobspec import JobSpec, Locality, LocalityLevel
+from gpurm.common.model import FailureKind, JobState, Learner
 
 
 def srv(node: str, rack: str, free: int, total: int = 8) -> ServerView:

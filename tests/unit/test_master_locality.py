@@ -7,8 +7,8 @@ import random
 
 from gpurm.am.master import Ended, Held, Launch, Master, Phase
 from gpurm.am.placement import ServerView, View
-from gpurm.rm.jobspec import JobSpec, Locality, LocalityLevel, LocalityMode
-from gpurm.rm.model import FailureKind, JobState
+from gpurm.common.jobspec import JobSpec, Locality, LocalityLevel, LocalityMode
+from gpurm.common.model import FailureKind, JobState
 
 
 def srv(node: str, rack: str, free: int, total: int = 8) -> ServerView:

@@ -1,10 +1,11 @@
-"""The core's vocabulary (rm/messages.py): the little behaviour plain data has, and the names rm/core.py keeps
+"""The core's vocabulary (rm/state/messages.py): the little behaviour plain data has, and the names rm/state/core.py
+keeps
 exporting for its callers."""
 
 from __future__ import annotations
 
-from gpurm.rm import core, messages
-from gpurm.rm.messages import ContainerReport, Dirty, ErrorCode, RequestError
+from gpurm.rm.state import core, messages
+from gpurm.rm.state.messages import ContainerReport, Dirty, ErrorCode, RequestError
 
 
 def test_a_report_is_live_while_starting_or_running() -> None:

@@ -12,11 +12,11 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpurm.common.jobspec import JobSpec
 from gpurm.nodeagent.gpus import GpuDevice, GpuEvent, GpuEventKind, GpuSample
 from gpurm.nodeagent.metrics import AgentCollector, GpuReading, GpuTally
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.metrics import RMMetrics
-from gpurm.rm.scheduler import Ask
+from gpurm.rm.sched.scheduler import Ask
+from gpurm.rm.server.metrics import RMMetrics
 from tests.unit.test_rm_core import cluster, launched, running
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,6 +59,7 @@ def test_the_rm_reports_gpus_jobs_and_queues_from_its_records() -> None:
     assert got[("gpurm_queue_pending_gpus", (("queue", "root.default"),))] == 8.0
     assert got[("gpurm_queue_fair_share_gpus", (("queue", "root.default"),))] == 8
     assert got[("gpurm_preemptions_total", (("queue", "root.default"),))] == 0
+    assert got[("gpurm_borrowing_preemptions_total", ())] == 0
     assert got[("gpurm_rpc_seconds_count", (("code", "INVALID_ARGUMENT"), ("method", "SubmitJob")))] == 1
     assert got[("gpurm_allocate_seconds_count", ())] == 1
 

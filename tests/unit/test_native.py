@@ -32,11 +32,11 @@ from gpurm.sim.clusterspec import parse_cluster
 from gpurm.sim.engine import Engine, SimOptions
 from gpurm.sim.run import trace_tree
 from gpurm.sim.trace import load_trace
-import gpurm.rm.core
+import gpurm.rm.state.core
 trace = load_trace(Path("tests/data/philly/jobs-2017-10-02_to_10-15.csv"), "philly-csv")
 trace.jobs = trace.jobs[:400]
 r = Engine(trace, parse_cluster("2x4x8"), trace_tree(trace.queues()), SimOptions(policy=Policy.LAS)).run()
-print(json.dumps({"compiled": not gpurm.rm.core.__file__.endswith(".py"),
+print(json.dumps({"compiled": not gpurm.rm.state.core.__file__.endswith(".py"),
                   "events": r.events, "jobs": [[j.job_id, j.start_s, j.finish_s, j.preemptions] for j in r.results]}))
 """
 
@@ -49,8 +49,8 @@ def replay(pure: bool) -> dict[str, object]:
 
 
 def test_status_matches_what_python_imports() -> None:
-    import gpurm.rm.core
-    compiled = not str(gpurm.rm.core.__file__).endswith(".py")
+    import gpurm.rm.state.core
+    compiled = not str(gpurm.rm.state.core.__file__).endswith(".py")
     st = native.status()
     assert st.active == compiled, st
     assert st.build in ("compiled", "partly compiled", "interpreted") and st.reason
@@ -70,15 +70,15 @@ def test_compiled_and_interpreted_replays_decide_the_same() -> None:
 
 
 def test_an_edited_source_is_reported_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A build record whose hash for gpurm.rm.core is not the source's: reported (when compiled) and rebuilt.
-    info = {"group": "gpurm_native", "modules": {"gpurm.rm.core": {"source_sha256": "0" * 64, "compiled": True}}}
+    # A build record whose hash for gpurm.rm.state.core is not the source's: reported (when compiled) and rebuilt.
+    info = {"group": "gpurm_native", "modules": {"gpurm.rm.state.core": {"source_sha256": "0" * 64, "compiled": True}}}
     record = tmp_path / "build.json"
     record.write_text(json.dumps(info))
     monkeypatch.setattr(native, "BUILD_INFO", record)
-    assert native.sources_changed() == ["gpurm.rm.core"]
+    assert native.sources_changed() == ["gpurm.rm.state.core"]
     st = native.status()
     if st.active:
-        assert st.stale == ["gpurm.rm.core"] and "STALE" in st.reason
+        assert st.stale == ["gpurm.rm.state.core"] and "STALE" in st.reason
     monkeypatch.setattr(native, "BUILD_INFO", tmp_path / "missing.json")
     assert native.sources_changed() == ["(no build record)"]
     assert native.status().build == "interpreted" and "no build record" in native.status().reason

@@ -1,13 +1,14 @@
-"""The node registry (rm/nodes.py) on its own: sessions, health, expiry, loss and draining."""
+"""The node registry (rm/state/nodes.py) on its own: sessions, health, expiry, loss and draining."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpurm.rm.cluster import Cluster, GpuRecord, NodeState
-from gpurm.rm.messages import NodeRegistration, RequestError
-from gpurm.rm.model import Container, ContainerKind
-from gpurm.rm.nodes import UNREACHABLE_HOLD_S, NodeRegistry
+from gpurm.common.gpus import GpuRecord
+from gpurm.common.model import Container, ContainerKind
+from gpurm.rm.state.cluster import Cluster, NodeState
+from gpurm.rm.state.messages import NodeRegistration, RequestError
+from gpurm.rm.state.nodes import UNREACHABLE_HOLD_S, NodeRegistry
 
 
 class Rig:

@@ -17,8 +17,8 @@ from gpurm.nodeagent.health import GpuHealthBook
 from gpurm.nodeagent.nvml import NvmlProvider, cpulist, normalise_bus_id
 from gpurm.nodeagent.telemetry import summarise
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.rm import convert
-from gpurm.rm.cluster import Cluster, Node
+from gpurm.rm.server import convert
+from gpurm.rm.state.cluster import Cluster, Node
 
 GIB = 1024**3
 SWITCH_BUS = "00000000:F0:00.0"

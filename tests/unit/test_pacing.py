@@ -1,4 +1,4 @@
-"""rm/pacing.py: a running AM's wait between Allocate calls grows with the number of AMs, within bounds; and
+"""rm/sched/pacing.py: a running AM's wait between Allocate calls grows with the number of AMs, within bounds; and
 rm.yaml `am.max_allocate_rate`. Pure; files only for the config."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpurm.queues.fields import ConfigError
+from gpurm.common.fields import ConfigError
 from gpurm.rm.config import load_rm_config
-from gpurm.rm.pacing import steady_allocate_interval
+from gpurm.rm.sched.pacing import steady_allocate_interval
 
 
 def test_a_small_cluster_keeps_four_times_the_interval() -> None:

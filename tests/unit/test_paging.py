@@ -1,19 +1,23 @@
-"""List pages (rm/paging.py): page tokens, page sizes, and key-set paging of jobs and nodes over the core's
+"""List pages (rm/server/paging.py): page tokens, page sizes, and key-set paging of jobs and nodes over the core's
 dicts, with no sockets."""
 
 from __future__ import annotations
 
 import io
 import json
+import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpurm.cli.output import JsonArray, StreamTable, print_json
-from gpurm.rm import paging, pbviews, views
-from gpurm.rm.amlaunch import AMLauncher
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.messages import ErrorCode, RequestError
-from gpurm.rm.model import Job, JobState
+from gpurm.common.jobspec import JobSpec
+from gpurm.common.model import Job, JobState
+from gpurm.rm.server import paging, pbviews
+from gpurm.rm.state import views
+from gpurm.rm.state.amlaunch import AMLauncher
+from gpurm.rm.state.messages import ErrorCode, RequestError
 from tests.unit.test_rm_core import cluster, reg
 
 
@@ -56,6 +60,23 @@ def test_a_malformed_or_foreign_token_is_refused_naming_the_field(token: str) ->
     with pytest.raises(RequestError) as e:
         paging.decode_seq(paging.JOBS_UP, token)
     assert e.value.code is ErrorCode.INVALID_ARGUMENT and str(e.value).startswith("page_token: ")
+
+
+@pytest.mark.parametrize("kind", sorted(paging.TOKEN_PATTERNS))
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_every_token_of_the_stated_form_is_a_position_and_every_other_is_refused(kind: str, data: st.DataObject
+                                                                                ) -> None:
+    """The REST document states TOKEN_PATTERNS as what the RM takes: it must be exactly that."""
+    token = data.draw(st.from_regex(paging.TOKEN_PATTERNS[kind], fullmatch=True))
+    key = paging.decode_token(kind, token)
+    assert isinstance(key, str) and key
+    other = data.draw(st.text(max_size=40))
+    if not re.fullmatch(paging.TOKEN_PATTERNS[kind], other):
+        with pytest.raises(RequestError):
+            paging.decode_token(kind, other)
+    with pytest.raises(RequestError):             # upper-case hex (every kind's prefix has a letter) is not
+        paging.decode_token(kind, token.upper())
 
 
 def test_page_sizes_default_and_cap() -> None:
@@ -282,6 +303,12 @@ def test_a_streamed_json_array_is_the_text_print_json_writes() -> None:
             for item in items[:n]:
                 arr.add(item)
         assert json.loads(out.getvalue()) == items[:n]
+        pages = io.StringIO()                   # whole pages at a time (gpurm nodes / jobs): the same text
+        with JsonArray(pages) as arr:
+            arr.extend(items[:1][:n])
+            arr.extend([])
+            arr.extend(items[1:n])
+        assert pages.getvalue() == out.getvalue()
         whole = io.StringIO()
         import sys
         saved, sys.stdout = sys.stdout, whole

@@ -1,9 +1,9 @@
-"""rm/pbviews.py: what the RM answers with, built from a real core's records."""
+"""rm/server/pbviews.py: what the RM answers with, built from a real core's records."""
 
 from __future__ import annotations
 
-from gpurm.rm import pbviews
-from gpurm.rm.jobspec import JobSpec
+from gpurm.common.jobspec import JobSpec
+from gpurm.rm.server import pbviews
 from tests.unit.test_rm_core import cluster
 
 

@@ -1,4 +1,5 @@
-"""Fail closed on the store (rm/persist.py): a refused write fails the request, rolls memory back to the disk and
+"""Fail closed on the store (rm/storage/persist.py): a refused write fails the request, rolls memory back to the disk
+and
 stops writes until the store works again. A real SQLite store made read-only (PRAGMA query_only) refuses."""
 
 from __future__ import annotations
@@ -7,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from gpurm.common.gpus import GpuRecord
+from gpurm.common.jobspec import JobSpec
 from gpurm.queues.tree import default_tree
-from gpurm.rm.cluster import GpuRecord
-from gpurm.rm.core import ErrorCode, NodeRegistration, RequestError, RMCore, RMSettings
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.persist import Persister, rebuild_core
-from gpurm.rm.store import SqliteStore, StoreWriteError, rows
+from gpurm.rm.state.core import ErrorCode, NodeRegistration, RequestError, RMCore, RMSettings
+from gpurm.rm.storage.persist import Persister, rebuild_core
+from gpurm.rm.storage.store import SqliteStore, StoreWriteError, rows
 
 
 def registered_core() -> RMCore:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpurm.am.placement import ServerView, fewest_servers, plan
-from gpurm.rm.jobspec import LocalityLevel as L
+from gpurm.common.jobspec import LocalityLevel as L
 
 
 def srv(node: str, rack: str, free: int, total: int = 8, islands: int = 1) -> ServerView:

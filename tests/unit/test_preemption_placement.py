@@ -1,14 +1,15 @@
-"""Placement-aware fair-share preemption (rm/preemption.py with a Placement): victims are chosen so that their GPUs,
+"""Placement-aware fair-share preemption (rm/sched/preemption.py with a Placement): victims are chosen so that their
+GPUs,
 with the idle ones, make a room the starving queue's waiting job can use at its locality level, or nobody is
 preempted. Pure: hand-made clusters, an injected `now`."""
 
 from __future__ import annotations
 
 from gpurm.queues.config import parse_queues
-from gpurm.rm import preemption
-from gpurm.rm.preemption import Candidate, Placement, Waiter
-from gpurm.rm.priority import Room
-from gpurm.rm.queuebook import QueueBook
+from gpurm.rm.sched import preemption
+from gpurm.rm.sched.preemption import Candidate, Placement, Waiter
+from gpurm.rm.sched.priority import Room
+from gpurm.rm.state.queuebook import QueueBook
 
 TIMEOUT = "defaults: {fair_share_preemption_timeout: 10s, min_share_preemption_timeout: off}\n"
 

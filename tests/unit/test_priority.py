@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpurm.queues.tree import Policy
-from gpurm.rm.priority import Room, Standing, in_queue_victims, las_level, las_promoted, rank
+from gpurm.rm.sched.priority import Room, Standing, in_queue_victims, las_level, las_promoted, rank
 
 
 def st(job: str, seq: int, gpus: int = 4, attained: float = 0.0, executed: float = 0.0, waiting_since: float = 0.0,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from gpurm.common.fields import ConfigError
 from gpurm.queues.config import capacity_warnings, parse_queues
-from gpurm.queues.fields import ConfigError
 from gpurm.queues.tree import Policy, acl_allows
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpurm.common.fields import ConfigError
 from gpurm.queues.config import (
     MAX_ACL_ENTRIES,
     MAX_ACL_ENTRY,
@@ -13,7 +14,6 @@ from gpurm.queues.config import (
     MAX_YAML_BYTES,
     parse_queues,
 )
-from gpurm.queues.fields import ConfigError
 
 
 def flat(n: int) -> str:

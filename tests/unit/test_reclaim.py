@@ -1,17 +1,18 @@
-"""Fair-share reclaiming (rm/reclaim.py) on its own: the ledger of GPUs taken back for a queue, which jobs run on
+"""Fair-share reclaiming (rm/sched/reclaim.py) on its own: the ledger of GPUs taken back for a queue, which jobs run on
 borrowed GPUs, hoarded grants, and when queue work next comes due. Preempting and revoking are callbacks here."""
 
 from __future__ import annotations
 
+from gpurm.common.gpus import GpuRecord
+from gpurm.common.jobspec import JobSpec
+from gpurm.common.model import Container, ContainerKind, Job, JobState
 from gpurm.queues.config import parse_queues
-from gpurm.rm import preemption
-from gpurm.rm.amlaunch import AMLauncher
-from gpurm.rm.cluster import Cluster, GpuRecord, Node
-from gpurm.rm.containers import ContainerIndex
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.model import Container, ContainerKind, Job, JobState
-from gpurm.rm.queuebook import QueueBook
-from gpurm.rm.reclaim import RECLAIM_HOLD_S, Reclaims
+from gpurm.rm.sched import preemption
+from gpurm.rm.sched.reclaim import RECLAIM_HOLD_S, Reclaims
+from gpurm.rm.state.amlaunch import AMLauncher
+from gpurm.rm.state.cluster import Cluster, Node
+from gpurm.rm.state.containers import ContainerIndex
+from gpurm.rm.state.queuebook import QueueBook
 
 QUEUES = "queues:\n  a: {weight: 1}\n  b: {weight: 1}\n"
 

@@ -1,15 +1,16 @@
-"""Recovery (rm/recovery.py) on its own: records in, derived state rebuilt from them alone."""
+"""Recovery (rm/state/recovery.py) on its own: records in, derived state rebuilt from them alone."""
 
 from __future__ import annotations
 
+from gpurm.common.gpus import GpuRecord
+from gpurm.common.jobspec import JobSpec
+from gpurm.common.model import Container, ContainerKind, ContainerPhase, Job, JobState
 from gpurm.queues.tree import default_tree
-from gpurm.rm import recovery
-from gpurm.rm.amlaunch import AMLauncher
-from gpurm.rm.cluster import Cluster, GpuRecord, Node
-from gpurm.rm.containers import ContainerIndex
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.model import Container, ContainerKind, ContainerPhase, Job, JobState
-from gpurm.rm.queuebook import QueueBook
+from gpurm.rm.state import recovery
+from gpurm.rm.state.amlaunch import AMLauncher
+from gpurm.rm.state.cluster import Cluster, Node
+from gpurm.rm.state.containers import ContainerIndex
+from gpurm.rm.state.queuebook import QueueBook
 
 Q = "root.default"
 

@@ -8,7 +8,7 @@ import random
 from gpurm.am.master import Master, Phase
 from gpurm.am.placement import ServerView, View
 from gpurm.am.relax import TYPICAL, CostRelax, FreeRate, expected_wait_s, level_slowdown, missing_gpus
-from gpurm.rm.jobspec import JobSpec, Locality, LocalityLevel
+from gpurm.common.jobspec import JobSpec, Locality, LocalityLevel
 from gpurm.sim.runtime import RuntimeConfig, rate
 
 P, R, A = LocalityLevel.PACKED, LocalityLevel.RACK, LocalityLevel.ANY

@@ -1,10 +1,10 @@
-"""rm/resync.py: the agents' re-registration spread grows with the fleet (bounded), and the restart grace is never
+"""rm/state/resync.py: the agents' re-registration spread grows with the fleet (bounded), and the restart grace is never
 shorter than the node expiry and covers the spread."""
 
 from __future__ import annotations
 
-from gpurm.rm import resync
-from gpurm.rm.messages import RMSettings
+from gpurm.rm.state import resync
+from gpurm.rm.state.messages import RMSettings
 
 
 def test_the_spread_grows_with_the_fleet_within_bounds() -> None:

@@ -1,4 +1,5 @@
-"""Retention of finished jobs (rm/retention.py, rm/retired.py): the pure policy on an injected clock, the store's
+"""Retention of finished jobs (rm/state/retention.py, rm/storage/retired.py): the pure policy on an injected clock, the
+store's
 tables, accounting totals across retirement, the RM shell's pass and its on-demand reads, rm.yaml settings."""
 
 from __future__ import annotations
@@ -9,16 +10,18 @@ from typing import Any
 
 import pytest
 
-from gpurm.queues.fields import ConfigError
+from gpurm.common.fields import ConfigError
+from gpurm.common.gpus import GpuRecord
+from gpurm.common.jobspec import JobSpec
+from gpurm.common.model import Attempt, Container, ContainerKind, ContainerPhase, Job, JobState
 from gpurm.rm.accounting import Query, aggregate, with_retired
-from gpurm.rm.cluster import GpuRecord, Node
 from gpurm.rm.config import RMConfig, load_rm_config
-from gpurm.rm.core import RMCore
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.messages import ContainerReport, ErrorCode, NodeRegistration, RequestError
-from gpurm.rm.model import Attempt, Container, ContainerKind, ContainerPhase, Job, JobState
-from gpurm.rm.retention import NEVER, Retention, RetentionSettings
-from gpurm.rm.store import SCHEMA_VERSION, SqliteStore
+from gpurm.rm.sched.history import Finished
+from gpurm.rm.state.cluster import Node
+from gpurm.rm.state.core import RMCore
+from gpurm.rm.state.messages import ContainerReport, ErrorCode, NodeRegistration, RequestError
+from gpurm.rm.state.retention import NEVER, Retention, RetentionSettings
+from gpurm.rm.storage.store import SCHEMA_VERSION, SqliteStore
 
 H = 3600.0
 T0 = 1_800_000_000.0
@@ -114,20 +117,20 @@ def test_memory_never_keeps_finished_jobs_for_good() -> None:
     assert retire(off, core, T0 + 1000 * 86400) == [] and list(core.jobs) == ["job-1"]
 
 
-def test_leaving_memory_forgets_every_index_but_not_the_queue_book_or_gittins() -> None:
+def test_leaving_memory_forgets_every_index_but_not_the_queue_book_or_the_history() -> None:
     jobs = [finished_job(n, T0 + n, submit_id=f"sub-{n}") for n in range(1, 61)]
     live = Job("job-100", JobSpec(gpus=4, command=["x"]), "bob", "root.default", T0, seq=100,
                state=JobState.QUEUED)
     core = core_with([*jobs, live], [learner(j, 1) for j in jobs])
     demand, used = dict(core.queues.demand), dict(core.queues.used)
-    sizes = list(core.gittins.sizes)
-    assert len(sizes) == 60 and core.gittins.ready
+    sizes = list(core.history.sizes())
+    assert len(sizes) == 60 and core.history.ready
     ret = Retention(RetentionSettings(memory_s=60.0, store_s=NEVER))
     assert len(retire(ret, core, T0 + H)) == 60
     assert list(core.jobs) == ["job-100"] and core.containers == {} and dict(core.by_job) == {}
     assert core.submit_ids == {}
     assert dict(core.queues.demand) == demand and dict(core.queues.used) == used
-    assert core.gittins.sizes == sizes and core.gittins.ready
+    assert list(core.history.sizes()) == sizes and core.history.ready
     # A re-submit with a retired job's submit id is a new job (dedupe lasts the memory retention).
     again = core.submit(JobSpec(gpus=1, command=["x"]), "alice", T0 + H, submit_id="sub-1")
     assert again.job_id == "job-62" and core.submit_ids == {"sub-1": "job-62"}
@@ -158,10 +161,13 @@ def test_retired_jobs_leave_the_loaded_tables_keep_a_row_and_their_detail_until_
     snap = SqliteStore(tmp_path / "state.db").load()
     assert [j.job_id for j in snap.jobs] == ["job-5", "job-6"]
     assert {c.job_id for c in snap.containers} == {"job-5", "job-6"}
-    assert snap.learned == [1000.0, 1000.0, 1000.0]      # jobs 1, 2, 4 ended on their own; 3 was killed
-    restarted = RMCore()                                   # gittins relearns all four sizes, retired ones first
+    # Jobs 1, 2 and 4 ended on their own (3 was killed): what the history learned of them, who and how big.
+    assert [r.size_gpu_s for r in snap.learned] == [1000.0, 1000.0, 1000.0]
+    assert [(r.queue, r.user, r.gpus) for r in snap.learned] == \
+        [(j.queue, j.user, j.spec.gpu_amount) for j in (jobs[0], jobs[1], jobs[3])]
+    restarted = RMCore()                                   # the history relearns all four, retired ones first
     restarted.restore(snap.jobs, snap.containers, snap.nodes, snap.meta, T0 + 2 * H, snap.learned)
-    assert restarted.gittins.sizes == core.gittins.sizes == [1000.0] * 4     # jobs 1, 2, 4 and 5
+    assert list(restarted.history.sizes()) == list(core.history.sizes()) == [1000.0] * 4   # jobs 1, 2, 4 and 5
     job, cs = store.load_retired("job-1") or (None, [])
     assert job == jobs[0] and sorted(c.container_id for c in cs) == ["job-1-c1", "job-1-c2"]
     # Past the store retention the detail goes; the accounting row stays.
@@ -194,9 +200,28 @@ def test_a_schema_1_store_is_migrated_and_still_loads(tmp_path: Path) -> None:
     db.close()
     again = SqliteStore(path)
     snap = again.load()
-    assert [j.job_id for j in snap.jobs] == ["job-1"] and snap.meta["schema"] == SCHEMA_VERSION == "2"
+    assert [j.job_id for j in snap.jobs] == ["job-1"] and snap.meta["schema"] == SCHEMA_VERSION == "3"
     assert again.finished_usages() == []
     again.close()
+
+
+def test_a_schema_2_store_gets_the_name_column_and_keeps_what_the_history_learned(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    db = sqlite3.connect(path)                 # as an RM of schema 2 left it: `finished` without job names
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    db.execute("INSERT INTO meta VALUES ('schema', '2')")
+    db.execute("CREATE TABLE finished (job_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, user TEXT NOT NULL, "
+               "queue TEXT NOT NULL, state TEXT NOT NULL, submit REAL NOT NULL, finish REAL NOT NULL, "
+               "gpus REAL NOT NULL, gpu_s REAL NOT NULL, wait_s REAL, preemptions INTEGER NOT NULL, "
+               "attempts INTEGER NOT NULL, size REAL)")
+    db.execute("INSERT INTO finished VALUES ('job-1', 1, 'ann', 'nlp', 'SUCCEEDED', 0, 10, 4, 40, 0, 0, 1, 40)")
+    db.commit()
+    db.close()
+    store = SqliteStore(path)
+    snap = store.load()
+    assert snap.meta["schema"] == "3"
+    assert snap.learned == [Finished("root.nlp", "ann", "", 4.0, 40.0)]
+    store.close()
 
 
 def test_accounting_totals_are_the_same_before_and_after_retirement(tmp_path: Path) -> None:
@@ -227,7 +252,7 @@ def test_accounting_totals_are_the_same_before_and_after_retirement(tmp_path: Pa
 # ---------------------------------------------------------------- the RM shell: the pass, GetJob from the store
 
 def make_shell(tmp_path: Path, memory_s: float = H, store_s: float = 2 * H) -> Any:
-    from gpurm.rm.daemon import RMShell
+    from gpurm.rm.server.daemon import RMShell
 
     cfg = RMConfig(state_dir=tmp_path / "rm")
     cfg.retention = RetentionSettings(memory_s=memory_s, store_s=store_s)
@@ -290,7 +315,7 @@ async def test_the_preemption_and_retry_counters_never_drop_when_jobs_leave_memo
 
 
 async def test_a_refused_retirement_write_keeps_the_jobs_in_memory(tmp_path: Path) -> None:
-    from gpurm.rm.store import StoreWriteError
+    from gpurm.rm.storage.store import StoreWriteError
 
     shell = make_shell(tmp_path)
     shell.core.restore([finished_job(1, T0)], [], [], {}, T0)

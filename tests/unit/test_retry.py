@@ -1,4 +1,4 @@
-"""The shared retry rule (gpurm.rm.retry) and the CLI's calls that ride out an RM restart: no sockets, no sleeps."""
+"""The shared retry rule (gpurm.common.retry) and the CLI's calls that ride out an RM restart: no sockets, no sleeps."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any
 import grpc
 import pytest
 
-from gpurm.cli.client import EXIT_UNREACHABLE, RM, CliError, retry_window
-from gpurm.rm.retry import AGENT_POLICY, AM_POLICY, ANSWERED, CLI_POLICY, Outage, RetryPolicy, transient
+from gpurm.cli.basics import CliError
+from gpurm.cli.client import EXIT_UNREACHABLE, RM, retry_window
+from gpurm.common.retry import AGENT_POLICY, AM_POLICY, ANSWERED, CLI_POLICY, Outage, RetryPolicy, transient
 
 
 def test_backoff_grows_is_capped_and_jittered() -> None:
@@ -165,7 +166,7 @@ def test_retry_window_from_flag_or_environment(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_the_ams_window_comes_from_rm_yaml(tmp_path: Path) -> None:
-    from gpurm.queues.fields import ConfigError
+    from gpurm.common.fields import ConfigError
     from gpurm.rm.config import load_rm_config
 
     path = tmp_path / "rm.yaml"

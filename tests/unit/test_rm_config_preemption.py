@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gpurm.queues.fields import ConfigError
+from gpurm.common.fields import ConfigError
 from gpurm.rm.config import load_rm_config
-from gpurm.rm.priority import LAS_THRESHOLDS_GPU_S
+from gpurm.rm.sched.priority import LAS_THRESHOLDS_GPU_S
 
 
 def rm_yaml(tmp_path: Path, text: str) -> Path:
@@ -51,7 +51,7 @@ def test_an_unknown_preemption_key_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_elastic_regrow_hold_is_read_and_reaches_the_core(tmp_path: Path) -> None:
-    from gpurm.rm.core import RMCore
+    from gpurm.rm.state.core import RMCore
     assert load_rm_config(rm_yaml(tmp_path, "listen: 127.0.0.1:7070\n")).settings.elastic_regrow_hold_s == 60.0
     s = load_rm_config(rm_yaml(tmp_path, "elastic: {regrow_hold: 5s}\n")).settings
     assert s.elastic_regrow_hold_s == 5.0

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from gpurm.common.gpus import GpuRecord
+from gpurm.common.jobspec import JobSpec
+from gpurm.common.model import ContainerPhase, ExitKind, JobState, Learner
 from gpurm.queues.tree import Policy
-from gpurm.rm.cluster import GpuRecord
-from gpurm.rm.core import (
+from gpurm.rm.sched.scheduler import Ask
+from gpurm.rm.state.core import (
     AttemptUpdate,
     ContainerReport,
     ErrorCode,
@@ -18,10 +21,7 @@ from gpurm.rm.core import (
     RMCore,
     RMSettings,
 )
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.model import ContainerPhase, ExitKind, JobState, Learner
-from gpurm.rm.scheduler import Ask
-from gpurm.rm.store import MemoryStore
+from gpurm.rm.storage.store import MemoryStore
 
 
 def reg(node_id: str, rack: str = "r1", gpus: int = 8, containers: list[ContainerReport] | None = None
@@ -520,3 +520,23 @@ def test_after_a_restart_nodes_have_the_resync_grace_not_one_expiry_and_losses_a
     assert again.cluster.nodes["n1"].state.name == "LOST", "past the grace, a node that never came back is lost"
     assert again.cluster.nodes["n2"].state.name == "RUNNING"
     assert again.lost_nodes == 2 and again.lost_containers == 1, "n1's AM went with it"
+
+
+def test_a_burst_of_submits_leaves_its_am_launches_to_one_pass_and_a_lone_submit_launches_at_once() -> None:
+    # The daemon sets am_launch_coalesce_s to its scheduler interval (rm.yaml scheduler.interval): the first submit
+    # after a quiet spell launches its AM at once; the rest of a burst wait for the pass loop's one launch.
+    core = cluster(4, settings=RMSettings(heartbeat_interval_s=1.0, missed_beats=3, am_launch_coalesce_s=0.02))
+    first = core.submit(JobSpec(gpus=1, command=["x"]), "alice", 1.0)
+    assert [e.job_id for e in launched(core)] == [first.job_id] and not core.launch_due
+    burst = [core.submit(JobSpec(gpus=1, command=["x"]), "alice", 1.0 + i * 0.001) for i in range(1, 6)]
+    assert launched(core) == [] and core.launch_due
+    core.launch_due_ams(1.02)
+    assert [e.job_id for e in launched(core)] == [j.job_id for j in burst] and not core.launch_due
+    late = core.submit(JobSpec(gpus=1, command=["x"]), "alice", 2.0)
+    assert [e.job_id for e in launched(core)] == [late.job_id]
+
+
+def test_without_coalescing_every_submit_launches_at_once() -> None:
+    core = cluster(4)                                            # the simulator's and the tests' default: 0
+    jobs = [core.submit(JobSpec(gpus=1, command=["x"]), "alice", 1.0) for _ in range(3)]
+    assert [e.job_id for e in launched(core)] == [j.job_id for j in jobs] and not core.launch_due

@@ -1,4 +1,4 @@
-"""Several RMs, one leader (gpurm.rm.rmlist): parsing the list, following a standby's hint, and the CLI's calls
+"""Several RMs, one leader (gpurm.common.rmlist): parsing the list, following a standby's hint, and the CLI's calls
 across the list. No sockets, no sleeps."""
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ from typing import Any
 import grpc
 import pytest
 
-from gpurm.cli.client import EXIT_UNREACHABLE, RM, CliError, rm_addresses
+from gpurm.cli.basics import CliError
+from gpurm.cli.client import EXIT_UNREACHABLE, RM, rm_addresses
 from gpurm.cli.main import main as cli_main
-from gpurm.rm.retry import ANSWERED
-from gpurm.rm.rmlist import LEADER_KEY, MAX_RMS, Channels, LeaderFollower, classify, leader_hint, parse_rm_list
+from gpurm.common.retry import ANSWERED
+from gpurm.common.rmlist import LEADER_KEY, MAX_RMS, Channels, LeaderFollower, classify, leader_hint, parse_rm_list
 
 # ---------------------------------------------------------------- the list
 

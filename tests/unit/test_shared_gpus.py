@@ -11,16 +11,16 @@ import pytest
 
 from gpurm.am.master import Held, Launch, Master, Phase
 from gpurm.am.placement import ServerView, View
+from gpurm.common.fields import ConfigError
+from gpurm.common.jobspec import JobSpec, parse_gpus_text, parse_job_yaml, spec_from_proto, spec_to_proto
 from gpurm.nodeagent.containers import ContainerSupervisor
 from gpurm.nodeagent.launch import mps_pipe_dir, share_env
 from gpurm.nodeagent.records import ContainerRecord
 from gpurm.proto import gpurm_pb2 as pb
-from gpurm.queues.fields import ConfigError
 from gpurm.queues.tree import Policy
-from gpurm.rm.cluster import SHARED
-from gpurm.rm.core import RMCore
-from gpurm.rm.jobspec import JobSpec, parse_gpus_text, parse_job_yaml, spec_from_proto, spec_to_proto
-from gpurm.rm.scheduler import Ask
+from gpurm.rm.sched.scheduler import Ask
+from gpurm.rm.state.cluster import SHARED
+from gpurm.rm.state.core import RMCore
 from gpurm.sim.clusterspec import parse_cluster
 from gpurm.sim.engine import Engine, SimOptions
 from gpurm.sim.run import trace_tree

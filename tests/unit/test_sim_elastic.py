@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpurm.rm.elastic import IDLE_HOLD_S
-from gpurm.rm.jobspec import Locality
+from gpurm.common.jobspec import Locality
+from gpurm.rm.sched.elastic import IDLE_HOLD_S
 from gpurm.sim.clusterspec import parse_cluster
 from gpurm.sim.engine import Engine, SimOptions
 from gpurm.sim.metrics import JobResult

@@ -12,8 +12,8 @@ from typing import cast
 
 import pytest
 
+from gpurm.common.jobspec import Locality
 from gpurm.queues.tree import Policy, PreemptionSettings, QueueDef, QueueTree
-from gpurm.rm.jobspec import Locality
 from gpurm.sim import metrics
 from gpurm.sim.clusterspec import parse_cluster
 from gpurm.sim.engine import Engine, SimOptions, SimResult

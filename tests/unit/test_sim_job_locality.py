@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from gpurm.common.jobspec import Locality, LocalityLevel, LocalityMode
 from gpurm.queues.tree import Policy
-from gpurm.rm.jobspec import Locality, LocalityLevel, LocalityMode
 from gpurm.sim.clusterspec import parse_cluster
 from gpurm.sim.engine import Engine, RelaxPolicy, SimOptions
 from gpurm.sim.metrics import JobResult

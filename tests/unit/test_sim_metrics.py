@@ -236,9 +236,35 @@ def test_summary_reports_fairness() -> None:
     t.record(0.0, {"a": 1})
     t.record(100.0, {"a": 0})
     t.below_share_s = {"root.a": 10.0, "root.b": 30.0}
+    t.below_guarantee_s = {"root.a": 20.0}
     r = JobResult("j", "root.a", 1, 0.0, 0.0, 100.0, 100.0, 1, 1, 1, 0, 0, 100.0, "SUCCEEDED")
     s = summarize([r], t, 1, 1.0, 0.0)
     assert s["fairness"] == {"worst_queue": "b", "max_below_share_s": 30.0, "mean_below_share_s": 20.0,
-                             "max_below_share_fraction": 0.3}
+                             "max_below_share_fraction": 0.3, "worst_guarantee_queue": "a",
+                             "max_below_guarantee_s": 20.0, "mean_below_guarantee_s": 20.0,
+                             "max_below_guarantee_fraction": 0.2}
     per_queue = cast(dict[str, dict[str, object]], s["per_queue"])
     assert per_queue["a"]["below_share_s"] == 10.0 and per_queue["b"]["below_share_s"] == 30.0
+    assert per_queue["a"]["below_guarantee_s"] == 20.0 and per_queue["b"]["below_guarantee_s"] == 0.0
+
+
+def test_the_guarantee_clock_counts_apart_from_the_share_clock() -> None:
+    t = Timeline()
+    t.mark_below(0.0, {"a"}, {"b"})
+    t.mark_below(10.0, {"a"}, set())    # b's guarantee met: a's interval goes on
+    t.close_below(30.0)
+    assert t.below_share_s == {"a": 30.0} and t.below_guarantee_s == {"b": 10.0}
+
+
+def test_queueing_by_class_has_p99_and_the_ratio_to_one_gpu_jobs() -> None:
+    t = Timeline()
+    t.record(0.0, {"a": 1})
+    rs = [JobResult(f"j{k}", "root.a", 1, 0.0, 100.0 * k, 100.0 * k + 10, 10.0, 1, 1, 1, 0, 0, 10.0, "SUCCEEDED")
+          for k in (3, 10, 1, 7, 2, 9, 4, 6, 8, 5)]      # not in order
+    rs.append(JobResult("big", "root.a", 8, 0.0, 3000.0, 3010.0, 10.0, 1, 1, 1, 0, 0, 80.0, "SUCCEEDED"))
+    s = summarize(rs, t, 8, 1.0, 0.0)
+    assert cast(dict[str, object], s["queue_p99_by_class"])["1"] == 1000.0
+    ratios = cast(dict[str, object], s["queue_ratio_by_class"])
+    assert ratios["1"] == pytest.approx(550.0 / 600.0)      # the floor: 600 s
+    assert ratios["5-8"] == pytest.approx(3000.0 / 600.0)
+    assert ratios["9-16"] is None

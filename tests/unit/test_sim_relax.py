@@ -31,7 +31,7 @@ def test_never_waits_for_a_whole_server() -> None:
 
 def test_timeout_never_splits_a_job_that_fits_on_one_server() -> None:
     # The AM's default (timeout) rule relaxes one level per timeout, but a multi-GPU job that fits on one server is
-    # not split across servers (am/master.py, Master._keeps_one_server): B waits for a whole server, as under never.
+    # not split across servers (am/levels.py, keeps_one_server): B waits for a whole server, as under never.
     b = b_under(RelaxPolicy.TIMEOUT)
     assert b.start_s is not None and b.start_s >= 1000.0 and b.servers == 1
 

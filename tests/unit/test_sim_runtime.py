@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from gpurm.common.jobspec import Locality
 from gpurm.queues.tree import Policy
-from gpurm.rm.jobspec import Locality
 from gpurm.sim import metrics, runtime
 from gpurm.sim.clusterspec import parse_cluster
 from gpurm.sim.engine import Engine, SimOptions, SimResult

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from gpurm.am.placement import ServerView, View, plan
-from gpurm.rm.cluster import choose_in_islands
-from gpurm.rm.jobspec import LocalityLevel as L
+from gpurm.common.gpus import choose_in_islands
+from gpurm.common.jobspec import LocalityLevel as L
 
 
 def random_servers(rng: random.Random, n: int = 12) -> list[ServerView]:
@@ -76,10 +76,10 @@ def test_gpus_without_nvlink_are_the_lowest_free(count: int) -> None:
 
 
 def test_cached_standing_follows_learners_starting_and_ending() -> None:
-    from gpurm.rm.cluster import GpuRecord
-    from gpurm.rm.core import ContainerReport, NodeRegistration, RMCore, RMSettings
-    from gpurm.rm.jobspec import JobSpec
-    from gpurm.rm.scheduler import Ask
+    from gpurm.common.gpus import GpuRecord
+    from gpurm.common.jobspec import JobSpec
+    from gpurm.rm.sched.scheduler import Ask
+    from gpurm.rm.state.core import ContainerReport, NodeRegistration, RMCore, RMSettings
 
     core = RMCore(RMSettings())
     core.register_node(NodeRegistration("n1", "h", 1, "r1", "r1", [GpuRecord(i) for i in range(4)]), "s", 0.0)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from gpurm.common.jobspec import Placement
 from gpurm.queues.tree import Policy
-from gpurm.rm.jobspec import Placement
 from gpurm.sim.clusterspec import parse_cluster
 from gpurm.sim.engine import Engine, SimOptions
 from gpurm.sim.metrics import JobResult

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from gpurm.rm.sortedkeys import SortedKeys
+from gpurm.rm.state.sortedkeys import SortedKeys
 
 
 def test_keeps_unique_keys_in_order_through_adds_and_discards() -> None:

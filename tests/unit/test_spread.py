@@ -8,7 +8,7 @@ import pytest
 
 from gpurm.am.master import Held, Launch, Master, Phase
 from gpurm.am.placement import ServerView, plan, plan_spread, spread_shape_cap
-from gpurm.rm.jobspec import JobSpec, Locality, LocalityLevel, LocalityMode, Placement
+from gpurm.common.jobspec import JobSpec, Locality, LocalityLevel, LocalityMode, Placement
 
 
 def srv(node: str, rack: str, free: int, total: int = 8) -> ServerView:

@@ -1,13 +1,13 @@
-"""Standings (rm/standing.py) on their own: a job's las / srtf standing from its live learners, and the caches the
+"""Standings (rm/sched/standing.py) on their own: a job's las / srtf standing from its live learners, and the caches the
 core drops when learners change."""
 
 from __future__ import annotations
 
+from gpurm.common.jobspec import JobSpec
+from gpurm.common.model import Container, ContainerKind, Job
 from gpurm.queues.tree import Policy
-from gpurm.rm import priority
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.model import Container, ContainerKind, Job
-from gpurm.rm.standing import Standings
+from gpurm.rm.sched import priority
+from gpurm.rm.sched.standing import Standings
 
 
 def job(gpus: int = 2, **kw: float) -> Job:

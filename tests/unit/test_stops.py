@@ -1,8 +1,8 @@
-"""Stop orders (rm/stops.py): queued per node, taken once, repeated when the agent did not act."""
+"""Stop orders (rm/state/stops.py): queued per node, taken once, repeated when the agent did not act."""
 
 from __future__ import annotations
 
-from gpurm.rm.stops import StopBook, StopOrder
+from gpurm.rm.state.stops import StopBook, StopOrder
 
 
 def test_orders_are_taken_once_per_node() -> None:

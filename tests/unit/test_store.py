@@ -6,10 +6,11 @@ import json
 import sqlite3
 from pathlib import Path
 
-from gpurm.rm.cluster import GpuRecord, Node, NodeState
-from gpurm.rm.jobspec import JobSpec, Locality, LocalityLevel, Placement
-from gpurm.rm.model import Attempt, Container, ContainerKind, ExitKind, ExitStatus, Job, JobState, Learner
-from gpurm.rm.store import SqliteStore
+from gpurm.common.gpus import GpuRecord
+from gpurm.common.jobspec import JobSpec, Locality, LocalityLevel, Placement
+from gpurm.common.model import Attempt, Container, ContainerKind, ExitKind, ExitStatus, Job, JobState, Learner
+from gpurm.rm.state.cluster import Node, NodeState
+from gpurm.rm.storage.store import SqliteStore
 
 
 def test_round_trip_through_a_reopened_file(tmp_path: Path) -> None:

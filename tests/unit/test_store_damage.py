@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from gpurm.queues.fields import ConfigError
+from gpurm.common.fields import ConfigError
+from gpurm.common.jobspec import JobSpec
+from gpurm.common.model import Job, JobState
 from gpurm.rm.config import load_rm_config
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.model import Job, JobState
-from gpurm.rm.records import RecordError, from_dict, to_dict
-from gpurm.rm.statedir import StateDirBusy, StateDirLock, backups, rotate_backup
-from gpurm.rm.store import STORED_FIELD_TYPES, SqliteStore, StoreDamaged
-from gpurm.rm.storeadmin import StoreAdminError, check_store, restore_store
+from gpurm.rm.storage.admin import StoreAdminError, check_store, restore_store
+from gpurm.rm.storage.records import RecordError, from_dict, to_dict
+from gpurm.rm.storage.statedir import StateDirBusy, StateDirLock, backups, rotate_backup
+from gpurm.rm.storage.store import STORED_FIELD_TYPES, SqliteStore, StoreDamaged
 
 
 def job(n: int) -> Job:

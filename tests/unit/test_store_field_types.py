@@ -12,13 +12,15 @@ import dataclasses
 import typing
 from pathlib import Path
 
-import gpurm.rm.cluster
-import gpurm.rm.model
-from gpurm.rm.store import STORED_FIELD_TYPES
+import gpurm.common.gpus
+import gpurm.common.model
+import gpurm.rm.state.cluster
+from gpurm.rm.storage.store import STORED_FIELD_TYPES
 
 # The compiled modules that hold stored records (others keep their annotations in either build).
-SOURCES = {"gpurm.rm.model": Path(gpurm.rm.model.__file__).with_name("model.py"),
-           "gpurm.rm.cluster": Path(gpurm.rm.cluster.__file__).with_name("cluster.py")}
+SOURCES = {"gpurm.common.model": Path(gpurm.common.model.__file__).with_name("model.py"),
+           "gpurm.common.gpus": Path(gpurm.common.gpus.__file__).with_name("gpus.py"),
+           "gpurm.rm.state.cluster": Path(gpurm.rm.state.cluster.__file__).with_name("cluster.py")}
 
 
 def written_annotations(cls: type) -> dict[str, object]:
@@ -33,7 +35,7 @@ def written_annotations(cls: type) -> dict[str, object]:
 
 def stored_classes() -> list[type]:
     seen: list[type] = []
-    todo: list[type] = [gpurm.rm.model.Job, gpurm.rm.model.Container, gpurm.rm.cluster.Node]
+    todo: list[type] = [gpurm.common.model.Job, gpurm.common.model.Container, gpurm.rm.state.cluster.Node]
     while todo:
         cls = todo.pop()
         if cls in seen:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from gpurm.queues.fields import ConfigError
+from gpurm.common.fields import ConfigError
 from gpurm.rm.config import load_rm_config
-from gpurm.rm.store import SqliteStore
-from gpurm.rm.storeurl import POSTGRESQL, SQLITE, open_store, parse_store_url, redact
+from gpurm.rm.storage.store import SqliteStore
+from gpurm.rm.storage.url import POSTGRESQL, SQLITE, open_store, parse_store_url, redact
 
 
 def test_the_default_is_the_state_dirs_sqlite_file(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Group commit (rm/storewriter.py) on a real SQLite file: batches queued together share a transaction, each
+"""Group commit (rm/storage/writer.py) on a real SQLite file: batches queued together share a transaction, each
 future completes only once its rows are on disk, and a failed transaction fails its batches and every batch behind
 it until the writer is reset."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpurm.rm.store import Rows, SqliteStore, StoreWriteError
-from gpurm.rm.storewriter import StoreWriter
+from gpurm.rm.storage.store import Rows, SqliteStore, StoreWriteError
+from gpurm.rm.storage.writer import StoreWriter
 
 
 def meta_rows(key: str, value: str) -> Rows:

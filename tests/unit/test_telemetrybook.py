@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from gpurm.rm.http import pages
-from gpurm.rm.telemetrybook import HISTORY, TelemetryBook
+from gpurm.rm.server.telemetrybook import HISTORY, TelemetryBook
 
 
 def reading(t: int, utils: dict[int, float]) -> bytes:

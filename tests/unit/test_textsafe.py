@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from gpurm.rm.textsafe import SafeFormatter, escape_controls
+from gpurm.common.textsafe import SafeFormatter, escape_controls
 
 
 def test_controls_become_visible_escapes() -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from gpurm.common.fields import ConfigError
+from gpurm.common.tls import ENV_CA, ENV_CERT, ENV_KEY, node_of, tls_from_env
 from gpurm.nodeagent.config import load_agent_config
-from gpurm.queues.fields import ConfigError
 from gpurm.rm.config import load_rm_config
-from gpurm.rm.tls import ENV_CA, ENV_CERT, ENV_KEY, node_of, tls_from_env
 
 CERT = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 KEY = "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"

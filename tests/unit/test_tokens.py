@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpurm.proto import gpurm_pb2 as pb
-from gpurm.rm.tokens import (
+from gpurm.common.tokens import (
     JOIN_WINDOW_MS,
     ClusterKeys,
     TokenError,
@@ -16,6 +15,7 @@ from gpurm.rm.tokens import (
     sign_container,
     verify_container,
 )
+from gpurm.proto import gpurm_pb2 as pb
 
 KEYS = ClusterKeys(b"s" * 32)
 NOW = 1_800_000_000_000

@@ -1,15 +1,15 @@
-"""The view cache (rm/viewcache.py): the full view cut from once-encoded node entries parses to exactly the view
+"""The view cache (rm/server/viewcache.py): the full view cut from once-encoded node entries parses to exactly the view
 built afresh, after changes re-encodes only what changed, and a delta names the nodes changed since the last."""
 
 from __future__ import annotations
 
+from gpurm.common.gpus import GpuRecord
+from gpurm.common.jobspec import JobSpec
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.queues.tree import default_tree
-from gpurm.rm import pbviews
-from gpurm.rm.cluster import GpuRecord
-from gpurm.rm.core import NodeRegistration, RMCore, RMSettings
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.viewcache import ViewCache, length_delimited
+from gpurm.rm.server import pbviews
+from gpurm.rm.server.viewcache import ViewCache, length_delimited
+from gpurm.rm.state.core import NodeRegistration, RMCore, RMSettings
 
 
 def core_with(nodes: int) -> RMCore:

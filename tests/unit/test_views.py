@@ -1,18 +1,18 @@
-"""The shell's read-only views (rm/views.py) on their own."""
+"""The shell's read-only views (rm/state/views.py) on their own."""
 
 from __future__ import annotations
 
 import pytest
 
+from gpurm.common.jobspec import JobSpec
+from gpurm.common.model import Attempt, Container, ContainerKind, Job, JobState, Learner
 from gpurm.queues.config import parse_queues
-from gpurm.rm.amlaunch import AMLauncher
-from gpurm.rm.cluster import Cluster
-from gpurm.rm.jobspec import JobSpec
-from gpurm.rm.messages import AppState, ErrorCode, RequestError
-from gpurm.rm.model import Attempt, Container, ContainerKind, Job, JobState, Learner
-from gpurm.rm.queuebook import QueueBook
-from gpurm.rm.scheduler import App
-from gpurm.rm.views import list_jobs, log_container, queue_stats, why_waiting
+from gpurm.rm.sched.scheduler import App
+from gpurm.rm.state.amlaunch import AMLauncher
+from gpurm.rm.state.cluster import Cluster
+from gpurm.rm.state.messages import AppState, ErrorCode, RequestError
+from gpurm.rm.state.queuebook import QueueBook
+from gpurm.rm.state.views import list_jobs, log_container, queue_stats, why_waiting
 
 TREE = parse_queues("queues:\n  a: {}\n  b: {}\n")
 

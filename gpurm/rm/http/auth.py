@@ -1,4 +1,4 @@
-"""Who asks over HTTP, decided by the same rules as gRPC (rm/identity.py, docs/security.md).
+"""Who asks over HTTP, decided by the same rules as gRPC (rm/security/identity.py, docs/security.md).
 
 With mTLS (rm.yaml `tls:`) the server speaks HTTPS and demands a client certificate signed by the cluster CA: its
 CN is the caller, and no header or cookie is read. Without mTLS (insecure mode) the caller is what the client
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gpurm.rm import tls
-from gpurm.rm.identity import Caller, address_is_local, caller_of
-from gpurm.rm.messages import ErrorCode, RequestError
+from gpurm.common import tls
+from gpurm.rm.security.identity import Caller, address_is_local, caller_of
+from gpurm.rm.state.messages import ErrorCode, RequestError
 
 USER_HEADER = "X-Gpurm-User"
 USER_COOKIE = "gpurm_user"

@@ -1,8 +1,9 @@
-"""The REST API's JSON shape for protobuf answers: gpurm's one shape (gpurm/jsonshape.py), the same as `-o json`."""
+"""The REST API's JSON shape for protobuf answers: gpurm's one shape (gpurm/common/jsonshape.py), the same as
+`-o json`."""
 
 from __future__ import annotations
 
-from gpurm.jsonshape import enum_name, to_plain
+from gpurm.common.jsonshape import enum_name, to_plain
 
 to_json = to_plain
 

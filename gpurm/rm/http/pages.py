@@ -21,11 +21,11 @@ from aiohttp import web
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rm.http import api
 from gpurm.rm.http.auth import USER_COOKIE
-from gpurm.rm.messages import ErrorCode, RequestError
-from gpurm.rm.service import check_may_read_logs
+from gpurm.rm.server.service import check_may_read_logs
+from gpurm.rm.state.messages import ErrorCode, RequestError
 
 if TYPE_CHECKING:
-    from gpurm.rm.identity import Caller
+    from gpurm.rm.security.identity import Caller
 
 STATIC = Path(__file__).resolve().parent / "static"
 REFRESH_MS = 3000
@@ -194,23 +194,50 @@ def chart(series: dict[str, list[dict[str, Any]]], width: int = 640, height: int
 # ---------------------------------------------------------------- pages
 
 
+def server_rows(nodes: Iterable[dict[str, Any]]) -> str:
+    return "".join(f'<div class="server"><span class="server-name">{node_link(n["node_id"])}'
+                   f' <small>{e(n["state"])}</small></span><span class="gpus">{gpu_cells(n)}</span>'
+                   f'<small class="tally">{e(tally(n["gpus"]))}</small></div>' for n in nodes)
+
+
+def rack_tally(gpus: dict[str, int]) -> str:
+    return ", ".join(f"{gpus[k]} {k}" for k in api.GPU_STATES if gpus.get(k)) or "0 free"
+
+
+def rack_table(racks: list[dict[str, Any]]) -> str:
+    """A fleet's racks, one row each: its servers, its GPUs by state as a bar and in numbers, a link to draw
+    its servers (the drill-down)."""
+    top = max((r["gpus"]["total"] for r in racks), default=1) or 1
+    rows = [[f'<a href="/?{e(urlencode({"rack": r["rack"]}))}">{e(r["rack"])}</a>', e(r["servers"]),
+             *(e(r["gpus"][k]) for k in api.GPU_STATES),
+             bar([(r["gpus"][k], f"gpu-{k}", f"{r['gpus'][k]} {k}") for k in api.GPU_STATES], top, 160)]
+            for r in racks]
+    return table(["rack", "servers", *api.GPU_STATES, "GPUs"], rows, "racks filterable")
+
+
 async def overview(request: web.Request) -> web.Response:
-    summary = api.cluster_summary(api.shell_of(request), api.caller(request))
+    """The cluster: every server's GPUs on a small cluster; on a fleet, one row per rack (the find box filters
+    them) and a rack's servers on `?rack=NAME`. The page polls the same summary it shows (small on a fleet)."""
+    rack = request.query.get("rack", "")
+    summary = api.cluster_summary(api.shell_of(request), api.caller(request), rack)
     g = summary["gpus"]
     rm = summary["rm"]
     counts = "".join(f'<div class="count count-{e(k)}"><b>{e(v)}</b> {e(k)}</div>'
                      for k, v in g.items())
     jobs = "".join(f'<a class="count" href="/jobs?{urlencode({"state": k})}"><b>{e(v)}</b> {e(k.lower())}</a>'
                    for k, v in summary["jobs"].items())
-    racks = []
-    for rack in summary["racks"]:
-        rows = "".join(f'<div class="server"><span class="server-name">{node_link(n["node_id"])}'
-                       f' <small>{e(n["state"])}</small></span><span class="gpus">{gpu_cells(n)}</span>'
-                       f'<small class="tally">{e(tally(n["gpus"]))}</small></div>'
-                       for n in rack["nodes"])
-        cells = [g for n in rack["nodes"] for g in n["gpus"]]
-        racks.append(f'<section class="rack"><h3>{e(rack["rack"])} <small class="tally">{e(tally(cells))}</small>'
-                     f"</h3>{rows}</section>")
+    shown = [r for r in summary["racks"] if r["detailed"] and (not rack or r["rack"] == rack)]
+    sections = "".join(f'<section class="rack"><h3>{e(r["rack"])} <small class="tally">{e(rack_tally(r["gpus"]))}'
+                       f'</small></h3>{server_rows(r["nodes"])}</section>' for r in shown)
+    if rack:
+        racks = f'<p class="crumbs"><a href="/">all racks</a> / {e(rack)}</p>{sections}'
+    elif shown or not summary["racks"]:
+        racks = sections or "<p>no nodes have registered yet</p>"
+    else:
+        servers = sum(r["servers"] for r in summary["racks"])
+        racks = (f'<p class="meta">{e(servers)} servers in {e(len(summary["racks"]))} racks: a rack\'s name draws '
+                 f'its servers</p><p><label>find <input id="find" type="search" placeholder="a rack\'s name">'
+                 f'</label></p>{rack_table(summary["racks"])}')
     warn = "".join(f'<p class="warning">{e(w)}</p>' for w in rm.get("warnings", []))
     if rm.get("store_error"):
         warn += f'<p class="error">store: {e(rm["store_error"])}</p>'
@@ -220,9 +247,10 @@ async def overview(request: web.Request) -> web.Response:
             f'<div class="key"><span class="gpu gpu-free"></span>free <span class="gpu gpu-used"></span>used '
             f'<span class="gpu gpu-shared"></span>shared <span class="gpu gpu-unhealthy"></span>unhealthy '
             f'<span class="gpu gpu-offline"></span>offline</div>'
-            f'<div class="racks" id="racks">{"".join(racks) or "<p>no nodes have registered yet</p>"}</div>'
+            f'<div class="racks" id="racks">{racks}</div>'
             f'<h2>Jobs</h2><div class="counts" id="job-counts">{jobs}</div>')
-    return layout(request, "Cluster overview", body, refresh=f"{api.PREFIX}/cluster")
+    refresh = f"{api.PREFIX}/cluster" + (f"?{urlencode({'rack': rack})}" if rack else "")
+    return layout(request, "Cluster overview" + (f": {rack}" if rack else ""), body, refresh=refresh)
 
 
 async def queues(request: web.Request) -> web.Response:
@@ -248,9 +276,8 @@ async def jobs(request: web.Request) -> web.Response:
     shell, who = api.shell_of(request), api.caller(request)
     q = request.query
     limit = api.int_param(request, "limit", 50, 1, api.MAX_LIMIT)
-    cursor = q.get("cursor", "")[:40]
     data = api.job_list(shell, who, api.states_param(request), q.get("queue", "")[:256], q.get("user", "")[:64],
-                        limit, cursor, page_token="" if cursor else q.get("page_token", "")[:2048])
+                        limit, page_token=q.get("page_token", ""))
     rows = []
     for j in data["jobs"]:
         spec = j["spec"]
@@ -268,10 +295,10 @@ async def jobs(request: web.Request) -> web.Response:
             f'<label>find <input id="find" type="search" placeholder="any text in the table"></label></form>')
     more = ""
     if data["next_page_token"]:
-        args = {k: v for k, v in q.items() if k not in ("cursor", "page_token")}
+        args = {k: v for k, v in q.items() if k != "page_token"}
         older = urlencode({**args, "page_token": data["next_page_token"]})
         more = f'<p><a id="older" href="/jobs?{e(older)}">older jobs</a></p>'
-    api_query = urlencode([(k, v) for k, v in q.items() if k in ("user", "queue", "state", "cursor", "page_token")]
+    api_query = urlencode([(k, v) for k, v in q.items() if k in ("user", "queue", "state", "page_token")]
                           + [("limit", str(limit))])
     matching = "jobs match" if data["total"] is None else f'{e(data["total"])} jobs match'
     body = (form + f'<p class="meta">{matching}, newest first, {e(limit)} a page</p>'
@@ -337,7 +364,8 @@ async def job_page(request: web.Request) -> web.Response:
     job_id = request.match_info["job_id"]
     job = api.job_detail(shell, who, job_id)
     spec = job["spec"]
-    summary = api.cluster_summary(shell, who)
+    placed = job["attempts"][-1]["learners"] if job["attempts"] else []
+    summary = api.cluster_summary(shell, who, nodes=frozenset(lr["node_id"] for lr in placed if lr["node_id"]))
     command = " ".join(spec["command"])
     env = "".join(f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in spec["env"].items())
     facts = [

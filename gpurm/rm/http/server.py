@@ -16,20 +16,20 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from gpurm.queues.fields import ConfigError, parse_address
-from gpurm.rm import tls as tlsmod
+from gpurm.common import tls as tlsmod
+from gpurm.common.fields import ConfigError, parse_address
+from gpurm.common.tls import TLSConfig
 from gpurm.rm.config import HTTPConfig
 from gpurm.rm.http import api, pages
 from gpurm.rm.http.api import CALLER, MTLS, SHELL
 from gpurm.rm.http.auth import who_asks
-from gpurm.rm.identity import address_is_local
-from gpurm.rm.messages import ErrorCode, RequestError
-from gpurm.rm.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from gpurm.rm.service import status_details
-from gpurm.rm.tls import TLSConfig
+from gpurm.rm.security.identity import address_is_local
+from gpurm.rm.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gpurm.rm.server.service import status_details
+from gpurm.rm.state.messages import ErrorCode, RequestError
 
 if TYPE_CHECKING:
-    from gpurm.rm.daemon import RMShell
+    from gpurm.rm.server.daemon import RMShell
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,8 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             foreign = _foreign_host(request)
             if foreign:
                 raise web.HTTPForbidden(text=foreign)
-        if request.method in MUTATING:
+        routed = getattr(request.match_info, "http_exception", None) is None    # 404 / 405 say so first
+        if request.method in MUTATING and routed:
             why = _cross_site(request)
             if why:
                 raise web.HTTPUnsupportedMediaType(text=why) if why.startswith("Content-Type") \
@@ -108,6 +109,8 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             message = (f"no such route: {request.method} {request.path[:200]}"
                        + (f" (the API: {api.PREFIX}/openapi.json)" if request.path.startswith("/api/") else ""))
         response = error_response(exc.status, message)
+        if exc.status == 405 and "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]     # RFC 9110: a 405 names the methods served
     except Exception as exc:
         log.exception("HTTP %s %s failed", request.method, request.path[:200])
         response = error_response(500, f"internal error in the RM ({type(exc).__name__}); see the RM log")
@@ -120,7 +123,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def prometheus_metrics(request: web.Request) -> web.Response:
-    """The RM's metrics for Prometheus (gpurm/rm/metrics.py, docs/metrics.md): any caller the middleware admits
+    """The RM's metrics for Prometheus (gpurm/rm/server/metrics.py, docs/metrics.md): any caller the middleware admits
     (under mTLS, a certificate of the cluster's CA) may scrape them; they hold sums, not jobs' contents."""
     shell = request.app[SHELL]
     return web.Response(body=shell.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
@@ -130,6 +133,7 @@ def build_app(shell: RMShell, config: HTTPConfig, mtls: bool, extra: Iterable[Ro
     app = web.Application(middlewares=[guard], client_max_size=config.max_body_bytes)
     app[SHELL] = shell
     app[MTLS] = mtls
+    app[api.MAX_BODY] = config.max_body_bytes
     host = parse_address(config.listen)[0].lower()
     app[LOCAL_ONLY] = host in LOOPBACK_NAMES or address_is_local(host)
     api.register(app)

@@ -1,7 +1,7 @@
 """A standby RM's HTTP listener (rm.yaml `ha:`): until it leads, `http.listen` sends people and scripts to the
 leader, as YARN's standby ResourceManager does with its web UI.
 
-- GET and HEAD: 307 to the same path on the leader's web UI (its URL is in the lease row, rm/leadership.py);
+- GET and HEAD: 307 to the same path on the leader's web UI (its URL is in the lease row, rm/server/leadership.py);
 - anything else, or while the leader's URL is not known: 503 with the leader named in the message and in the
   `X-Gpurm-Leader` header (a change is never replayed elsewhere behind the caller's back);
 - `/metrics`: `gpurm_rm_leader 0`, so that Prometheus sees the standby up and can alert when no RM, or two, lead.
@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from gpurm.common.tls import TLSConfig
 from gpurm.rm.http.server import SECURITY_HEADERS, listen
-from gpurm.rm.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from gpurm.rm.metrics import standby_metrics
-from gpurm.rm.tls import TLSConfig
+from gpurm.rm.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gpurm.rm.server.metrics import standby_metrics
 
 LEADER_HEADER = "X-Gpurm-Leader"
 # The web server's headers, with a CSP that allows nothing at all: a standby serves no page.

@@ -1,0 +1,2 @@
+"""The scheduling policies: the pass, job priority, in-queue and fair-share preemption, reclaim, Gittins, elastic
+growth, AM pacing. Pure."""

@@ -1,0 +1,94 @@
+"""Serialized list views (ListJobs, ListNodes) that the RM reuses between pages: a listing of 100,000 finished
+jobs or 10,000 servers otherwise rebuilds the same protobuf messages on every `gpurm jobs --all` / `gpurm nodes`.
+
+- A finished job whose containers have all ended never changes: its ListJobs view is kept as bytes (per job, and
+  per whether the asker may see its env values when it has any), at most `max_jobs` of them, the oldest dropped.
+- A server's GPUs (with their NVLink / PCIe links, most of a NodeInfo) change only on a health change or a new
+  registration: kept as bytes per node (with links, and without them for a `brief` listing), checked against the
+  GPU records' identity and health on every use. The rest of a NodeInfo (state, free GPUs, heartbeat,
+  assignments) is built afresh for each page.
+
+A reply is assembled from the pieces (protobuf's wire format: a message's serialized fields may be concatenated,
+and a repeated field is its entries one after another) and parsed once, in C.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from gpurm.common.model import Job
+from gpurm.proto import gpurm_pb2 as pb
+from gpurm.rm.server import convert, pbviews
+from gpurm.rm.state.cluster import Node
+from gpurm.rm.state.core import RMCore
+
+MAX_JOBS = 200_000          # finished jobs' views kept (a few hundred bytes each)
+_FIELD_ONE = b"\x0a"        # field 1, length-delimited: `jobs` of ListJobsResponse, `nodes` of ListNodesResponse
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _entries(parts: Sequence[bytes]) -> bytes:
+    """Serialized messages as the entries of a reply's field 1."""
+    return b"".join(_FIELD_ONE + _varint(len(p)) + p for p in parts)
+
+
+class ListViews:
+    def __init__(self, max_jobs: int = MAX_JOBS) -> None:
+        self.max_jobs = max_jobs
+        self.jobs: dict[tuple[str, bool], bytes] = {}
+        self.gpus: dict[tuple[str, bool], tuple[tuple[Any, ...], bytes]] = {}
+
+    # ------------------------------------------------------------ jobs
+
+    def job_list(self, core: RMCore, records: Sequence[Job], usage: Mapping[str, str],
+                 may_see: Callable[[Job], bool]) -> pb.ListJobsResponse:
+        """A ListJobs reply holding these jobs as pbviews.job_list shows them (next_page_token, total unset)."""
+        keys = [(r.job_id, bool(r.spec.env) and may_see(r)) for r in records]
+        parts: list[bytes | None] = [self.jobs.get(k) for k in keys]
+        missing = [i for i, p in enumerate(parts) if p is None]
+        if missing:
+            built = pbviews.job_list(core, [records[i] for i in missing], usage, may_see)
+            for i, msg in zip(missing, built, strict=True):
+                data = msg.SerializeToString()
+                parts[i] = data
+                record = records[i]
+                if record.state.terminal and not core.live_count(record.job_id):
+                    self._keep_job(keys[i], data)
+        return pb.ListJobsResponse.FromString(_entries([p for p in parts if p is not None]))
+
+    def _keep_job(self, key: tuple[str, bool], data: bytes) -> None:
+        self.jobs[key] = data
+        while len(self.jobs) > self.max_jobs:
+            del self.jobs[next(iter(self.jobs))]
+
+    # ------------------------------------------------------------ nodes
+
+    def node_list(self, nodes: Sequence[Node], brief: bool = False) -> pb.ListNodesResponse:
+        """A ListNodes reply holding these nodes as convert.node_to_pb shows them (total, token unset); `brief`:
+        their GPUs without links."""
+        return pb.ListNodesResponse.FromString(_entries([self.node(n, brief) for n in nodes]))
+
+    def node(self, node: Node, brief: bool = False) -> bytes:
+        return self._gpus(node, brief) + convert.node_to_pb(node, with_gpus=False).SerializeToString()
+
+    def _gpus(self, node: Node, brief: bool) -> bytes:
+        check = (id(node.gpus), *((id(g), g.healthy, g.health_reason) for g in node.gpus.values()))
+        kept = self.gpus.get((node.node_id, brief))
+        if kept is not None and kept[0] == check:
+            return kept[1]
+        gpus = [convert.gpu_to_pb(g) for _, g in sorted(node.gpus.items())]
+        if brief:
+            for gpu in gpus:
+                del gpu.links[:]
+        data = pb.NodeInfo(gpus=gpus).SerializeToString()
+        self.gpus[(node.node_id, brief)] = (check, data)
+        return data
