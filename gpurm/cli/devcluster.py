@@ -156,7 +156,7 @@ class DevCluster:
         rm_cfg: dict[str, Any] = {
             "listen": self.address, "state_dir": str(rm_dir),
             "mqtt": {"url": a.mqtt_url} if a.mqtt_url else {"listen": f"{self.rm_host}:0"},
-            "heartbeat": {"interval": a.heartbeat, "missed_beats": a.missed_beats},
+            "heartbeat": {"interval": a.heartbeat, **({"missed_beats": a.missed_beats} if a.missed_beats else {})},
             "http": {"listen": self.http_listens[0]},
             "admins": sorted({current_user(), "root"}),
         }

@@ -287,8 +287,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--mqtt-url", help="use this broker instead of the RM's embedded one")
     p.add_argument("--nvlink-islands", type=int, default=1, help="NVLink islands per fake server (default 1)")
     p.add_argument("--heartbeat", default="1s", help="agent heartbeat interval (default 1s)")
-    p.add_argument("--missed-beats", type=int, default=10,
-                   help="missed beats before a node is LOST (default 10; its agent fences itself before that)")
+    p.add_argument("--missed-beats", type=int,
+                   help="missed beats before a node is LOST (default 10, or with --rms 2 the fewest whose agents' "
+                        "lease outlasts a takeover; an agent fences itself before that)")
     p.add_argument("--queues", help="queues YAML for the RM (default: one `default` queue)")
     p.add_argument("--rm-option", action="append", default=[], metavar="KEY=VALUE",
                    help="extra rm.yaml setting, dotted (e.g. am.liveness_timeout=20s); repeatable")

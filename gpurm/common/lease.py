@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 DEFAULT_FENCE_GRACE_S = 2.0   # TERM, then KILL this long after, for the containers the fence stops
 MARGIN_FIXED_S = 0.5          # on top of one heartbeat interval: event loop lag, the kill's own latency
+MIN_WAIT_S = 1.0              # the least an agent waits on an RM's answer before it tries the next
 MIN_LEASE_BEATS = 2           # a lease shorter than two intervals would fence on one late beat
 
 
@@ -65,6 +66,30 @@ def fence_timing(interval_s: float, missed_beats: int, lease_s: float = 0.0,
     if lease_s <= 0:
         timing = FenceTiming(interval_s, expiry, round(max(0.0, expiry - grace_s - timing.margin_s), 3), grace_s)
     return timing
+
+
+def agent_wait_s(lease_s: float, interval_s: float, default_s: float) -> float:
+    """How long an agent waits on a silent RM (a beat's reply, a registration) before it tries the next one:
+    `default_s`, but at most a quarter of its lease (never under two intervals or a second: one slow answer must
+    not break a session), so that when a leader stops the agent has time to find the next before its fence stops
+    every container."""
+    if lease_s <= 0:
+        return default_s
+    return min(default_s, max(2 * interval_s, MIN_WAIT_S, lease_s / 4))
+
+
+def takeover_lease_s(takeover_s: float, interval_s: float) -> float:
+    """The shortest agents' lease that outlasts an RM takeover (rm.yaml `ha:`). The new leader serves at most
+    `takeover_s` after the old one's last renewal, and the agent's last renewal is at most an interval older; the
+    agent needs up to a quarter lease to see the silence (`agent_wait_s`), a quarter more when it was just dialling
+    the old leader again, and an interval to register: L >= takeover + 2 intervals + L/2, with what is left over
+    for the new leader to load its state."""
+    return 2 * (takeover_s + 2 * interval_s)
+
+
+def beats_for_lease(lease_s: float, interval_s: float, grace_s: float) -> int:
+    """The fewest missed_beats whose expiry lets the agents hold `lease_s` (expiry >= lease + grace + margin)."""
+    return int(-(-(lease_s + grace_s + interval_s + MARGIN_FIXED_S) // interval_s))
 
 
 class Lease:

@@ -29,6 +29,7 @@ import grpc
 
 from gpurm.common import tls
 from gpurm.common.aio import stop_tasks, wait_set
+from gpurm.common.lease import agent_wait_s
 from gpurm.common.retry import Outage
 from gpurm.common.rmlist import LeaderFollower, rpc_failure
 from gpurm.common.tokens import TokenKey, join_proof
@@ -45,6 +46,8 @@ log = logging.getLogger(__name__)
 
 COALESCE_S = 0.02
 REGISTER_TIMEOUT_S = 10.0
+LATE_S = 0.5                # a watchdog woken this much late: the agent, not the RM, was stopped
+MIN_REGISTER_WAIT_S = 2.0   # a registration writes to the store: never given less, whatever the lease
 DEFAULT_INTERVAL_S = 1.0
 BACKOFF_BASE_S = 0.2
 BACKOFF_MAX_S = 5.0
@@ -164,6 +167,8 @@ class Tracker:
                     # A session just broke (most often: the RM restarted). Every agent of the fleet saw it at
                     # once: come back at a random point of the spread the RM asked for, not all together.
                     delay = max(delay, random.uniform(0, self.registration.resync_spread_s))
+                if self.fence is not None and (held := self.fence.lease.left(self.fence.clock())):
+                    delay = min(delay, max(0.1, held / 4))   # a lease runs: try again well before it runs out
                 await asyncio.sleep(delay if left is None else min(delay, left))
             finally:
                 self.registered.clear()
@@ -210,7 +215,8 @@ class Tracker:
                                             request.join_time_ms)
         versions = {r.container_id: r.version for r in records}
         sent_at = self.fence.clock() if self.fence is not None else 0.0
-        reply: pb.RegisterNodeResponse = await stub.RegisterNode(request, timeout=REGISTER_TIMEOUT_S)
+        timeout = max(MIN_REGISTER_WAIT_S, self._wait_s(REGISTER_TIMEOUT_S))
+        reply: pb.RegisterNodeResponse = await stub.RegisterNode(request, timeout=timeout)
         if self.fence is not None:
             self.fence.set_terms(reply.lease_ms / 1000, reply.fence_grace_ms / 1000)
             self.fence.renew(sent_at)
@@ -292,15 +298,25 @@ class Tracker:
                 return
 
     async def _watchdog(self, reg: Registration) -> None:
-        """The RM answers every beat: this long a silence (three of the intervals it names, and 5 s) means the
-        connection is dead, even when TCP has not noticed yet."""
+        """The RM answers every beat: this long a silence (three of the intervals it names and 5 s, or a quarter
+        of the lease if less) means the connection is dead, even when TCP has not noticed yet (a paused leader)."""
         loop = asyncio.get_running_loop()
         while (left := self._last_reply + self._silence_s() - loop.time()) > 0:
+            due = loop.time() + left
             await asyncio.sleep(left)
+            if loop.time() - due > LATE_S:
+                # This process was frozen or starved: not the RM's silence (its answers may be waiting in the
+                # socket, and the reader has not had its turn yet). Count the silence from now.
+                self._last_reply = max(self._last_reply, loop.time())
         raise _StreamEnded(f"no heartbeat reply for {self._silence_s():.0f}s")
 
     def _silence_s(self) -> float:
-        return 3 * self.interval_s + 5.0
+        return self._wait_s(3 * self.interval_s + 5.0)
+
+    def _wait_s(self, default_s: float) -> float:
+        """`default_s`, or less while a lease runs: a stopped leader must leave time to find the next RM (with
+        several) before the fence stops every container (gpurm/common/lease.py)."""
+        return agent_wait_s(self.fence.lease.lease_s if self.fence is not None else 0.0, self.interval_s, default_s)
 
     def _follow(self, response: pb.HeartbeatResponse) -> None:
         """The terms a heartbeat reply names: the interval to beat at from now on, the lease and its grace (set

@@ -11,12 +11,13 @@ from typing import Any
 import yaml
 
 from gpurm.common.fields import ConfigError, Problems, Reader, parse_address, parse_duration
-from gpurm.common.lease import fence_timing
+from gpurm.common.lease import beats_for_lease, fence_timing, takeover_lease_s
 from gpurm.common.limits import ServerLimits, read_limits
 from gpurm.common.retry import AM_POLICY
 from gpurm.common.tls import TLSConfig, read_tls_section
 from gpurm.rm.sched.history import LEVELS
 from gpurm.rm.sched.prior import PriorError, load_prior
+from gpurm.rm.server.leadership import takeover_within_s
 from gpurm.rm.state.heartbeats import terms_at
 from gpurm.rm.state.messages import RMSettings
 from gpurm.rm.state.retention import MIN_MEMORY_S, NEVER, RetentionSettings
@@ -144,30 +145,19 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     m.reject_unknown()
     cfg.admins = r.strings("admins", cfg.admins)
     cfg.tls = read_tls_section(r, "tls", path.parent if path is not None else None)
+    st = r.section("store")
+    cfg.store_backups = st.integer("backups", cfg.store_backups, minimum=0, maximum=1000)
+    raw_url = st.raw("url")
+    if raw_url is not None:
+        try:
+            cfg.store_url = parse_store_url(raw_url).url
+        except ValueError as exc:
+            st.error("url", str(exc))
+    st.reject_unknown()
+    cfg.ha = read_ha_section(r, cfg.store_url)
     s = RMSettings()
     hb = r.section("heartbeat")
-    s.heartbeat_interval_s = hb.duration("interval", s.heartbeat_interval_s)
-    s.missed_beats = hb.integer("missed_beats", s.missed_beats, minimum=1)
-    s.resync_grace_s = hb.duration("resync_grace", s.resync_grace_s)
-    s.agent_lease_s = hb.duration("lease", s.agent_lease_s)
-    s.fence_grace_s = hb.duration("fence_grace", s.fence_grace_s, maximum=3600.0)
-    s.heartbeat_max_rate = hb.number("max_rate", s.heartbeat_max_rate, minimum=0.0, maximum=1e6)
-    s.heartbeat_max_interval_s = hb.duration("max_interval", s.heartbeat_max_interval_s, maximum=MAX_BEAT_INTERVAL_S)
-    if s.heartbeat_interval_s > 0:
-        timing = fence_timing(s.heartbeat_interval_s, s.missed_beats, s.agent_lease_s, s.fence_grace_s)
-        for key, why in timing.problems():
-            hb.error(key, why)
-        s.agent_lease_s = timing.lease_s
-        if s.heartbeat_max_rate > 0 and s.heartbeat_max_interval_s < s.heartbeat_interval_s:
-            hb.error("max_interval", f"must be at least heartbeat.interval ({s.heartbeat_interval_s:g}s), got "
-                                     f"{s.heartbeat_max_interval_s:g}s (set max_rate: 0 for a fixed interval)")
-        elif not timing.problems() and s.heartbeat_max_rate > 0:
-            # The lease scales with the interval (rm/state/heartbeats.py): safe at every interval when safe at the
-            # base one. Checked at the longest, all the same.
-            top = terms_at(s, s.heartbeat_max_interval_s)
-            for key, why in fence_timing(top.interval_s, s.missed_beats, top.lease_s, top.grace_s).problems():
-                hb.error("max_interval", f"at {top.interval_s:g}s ({key}): {why}")
-    hb.reject_unknown()
+    read_heartbeat_section(hb, s, cfg.ha)
     c = r.section("containers")
     s.container_start_timeout_s = c.duration("start_timeout", s.container_start_timeout_s)
     s.kill_grace_s = c.duration("kill_grace", s.kill_grace_s)
@@ -212,22 +202,51 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     if cfg.shutdown_timeout_s <= cfg.shutdown_grace_s:
         sd.error("timeout", f"must be above grace ({cfg.shutdown_grace_s:g}s), got {cfg.shutdown_timeout_s:g}s")
     sd.reject_unknown()
-    st = r.section("store")
-    cfg.store_backups = st.integer("backups", cfg.store_backups, minimum=0, maximum=1000)
-    raw_url = st.raw("url")
-    if raw_url is not None:
-        try:
-            cfg.store_url = parse_store_url(raw_url).url
-        except ValueError as exc:
-            st.error("url", str(exc))
-    st.reject_unknown()
     cfg.http = read_http_section(r)
     cfg.retention = read_retention_section(r)
-    cfg.ha = read_ha_section(r, cfg.store_url)
     cfg.settings = s
     r.reject_unknown()
     p.raise_if_any()
     return cfg
+
+
+def read_heartbeat_section(hb: Reader, s: RMSettings, ha: HAConfig) -> None:
+    """`heartbeat`: the interval, the node expiry and the agents' lease (gpurm/common/lease.py's rules). With `ha`,
+    the lease must also outlast a takeover, or every takeover stops every job; missed_beats then defaults to the
+    fewest that allow it."""
+    s.heartbeat_interval_s = hb.duration("interval", s.heartbeat_interval_s)
+    s.resync_grace_s = hb.duration("resync_grace", s.resync_grace_s)
+    s.agent_lease_s = hb.duration("lease", s.agent_lease_s)
+    s.fence_grace_s = hb.duration("fence_grace", s.fence_grace_s, maximum=3600.0)
+    need = takeover_lease_s(takeover_within_s(ha.lease_s), s.heartbeat_interval_s)
+    if ha.enabled and hb.raw("missed_beats") is None and s.heartbeat_interval_s > 0 and s.agent_lease_s <= 0:
+        s.missed_beats = max(s.missed_beats, beats_for_lease(need, s.heartbeat_interval_s, s.fence_grace_s))
+    s.missed_beats = hb.integer("missed_beats", s.missed_beats, minimum=1)
+    s.heartbeat_max_rate = hb.number("max_rate", s.heartbeat_max_rate, minimum=0.0, maximum=1e6)
+    s.heartbeat_max_interval_s = hb.duration("max_interval", s.heartbeat_max_interval_s, maximum=MAX_BEAT_INTERVAL_S)
+    if s.heartbeat_interval_s > 0:
+        timing = fence_timing(s.heartbeat_interval_s, s.missed_beats, s.agent_lease_s, s.fence_grace_s)
+        for key, why in timing.problems():
+            hb.error(key, why)
+        s.agent_lease_s = timing.lease_s
+        if ha.enabled and not timing.problems() and timing.lease_s < need:
+            key = "lease" if hb.raw("lease") is not None else "missed_beats"
+            beats = beats_for_lease(need, s.heartbeat_interval_s, s.fence_grace_s)
+            fix = (f"set lease to {need:g}s or more (and missed_beats to {beats} or more)" if key == "lease" else
+                   f"set missed_beats to {beats} or more (or leave it out: with ha it defaults to that)")
+            hb.error(key, f"the agents' lease ({timing.lease_s:g}s) must outlast an RM takeover (ha.lease "
+                          f"{ha.lease_s:g}s): at least {need:g}s, or every takeover stops every job; {fix}, or "
+                          "shorten ha.lease")
+        if s.heartbeat_max_rate > 0 and s.heartbeat_max_interval_s < s.heartbeat_interval_s:
+            hb.error("max_interval", f"must be at least heartbeat.interval ({s.heartbeat_interval_s:g}s), got "
+                                     f"{s.heartbeat_max_interval_s:g}s (set max_rate: 0 for a fixed interval)")
+        elif not timing.problems() and s.heartbeat_max_rate > 0:
+            # The lease scales with the interval (rm/state/heartbeats.py): safe at every interval when safe at the
+            # base one. Checked at the longest, all the same.
+            top = terms_at(s, s.heartbeat_max_interval_s)
+            for key, why in fence_timing(top.interval_s, s.missed_beats, top.lease_s, top.grace_s).problems():
+                hb.error("max_interval", f"at {top.interval_s:g}s ({key}): {why}")
+    hb.reject_unknown()
 
 
 def read_history_section(h: Reader, s: RMSettings, base: Path | None) -> None:

@@ -93,7 +93,7 @@ def remove_cgroups(state_dir: Path) -> None:
 class RMProcess:
     """`python -m gpurm.cli.main rm --config FILE` on a free loopback port; `restart()` keeps port and state."""
 
-    def __init__(self, workdir: Path, broker: TestBroker, *, heartbeat: str = "30s", missed_beats: int = 10,
+    def __init__(self, workdir: Path, broker: TestBroker, *, heartbeat: str = "30s", missed_beats: int | None = None,
                  client_tls: TLSConfig | None = None, key_from: Path | None = None, standby: bool = False,
                  host: str = "127.0.0.1", fence_grace: str = "", wrap: Sequence[str] = (),
                  heartbeat_more: dict[str, Any] | None = None, **settings: Any) -> None:
@@ -112,7 +112,8 @@ class RMProcess:
         workdir.mkdir(parents=True, exist_ok=True)
         # AMs call allocate every 250 ms (1 s while running), as on the tests' dev clusters (harness.py).
         settings["am"] = {"allocate_interval": "250ms", **settings.get("am", {})}
-        heartbeat_section = {"interval": heartbeat, "missed_beats": missed_beats,
+        # missed_beats None: the RM's default (10; with ha, the fewest whose lease outlasts a takeover).
+        heartbeat_section = {"interval": heartbeat, **({"missed_beats": missed_beats} if missed_beats else {}),
                              **({"fence_grace": fence_grace} if fence_grace else {}), **(heartbeat_more or {})}
         self.config.write_text(yaml.safe_dump({
             "listen": self.address, "state_dir": str(self.state_dir), "mqtt": broker.rm_config(),

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from gpurm.common.fields import ConfigError
-from gpurm.common.lease import Lease, fence_timing
+from gpurm.common.lease import Lease, agent_wait_s, beats_for_lease, fence_timing, takeover_lease_s
 from gpurm.rm.config import load_rm_config
+from gpurm.rm.server.leadership import takeover_within_s
 
 
 def rm_yaml(tmp_path: Path, text: str) -> Path:
@@ -65,3 +66,32 @@ def test_an_rm_that_gives_no_lease_never_fences() -> None:
     lease.set_terms(0.0, 0.0)
     lease.renew(1.0)
     assert lease.left(100.0) is None and not lease.expired(100.0)
+
+
+def test_an_agent_waits_on_a_silent_rm_at_most_a_quarter_of_its_lease() -> None:
+    assert agent_wait_s(0.0, 1.0, 8.0) == 8.0            # no lease (an older RM): the default
+    assert agent_wait_s(12.0, 1.0, 8.0) == 3.0           # a quarter lease
+    assert agent_wait_s(100.0, 1.0, 8.0) == 8.0          # never more than the default
+    assert agent_wait_s(6.5, 1.0, 8.0) == 2.0            # never under two intervals ...
+    assert agent_wait_s(0.8, 0.3, 5.9) == 1.0            # ... nor a second
+
+
+def test_with_ha_the_lease_outlasts_a_takeover_and_missed_beats_defaults_to_allow_it(tmp_path: Path) -> None:
+    ha = "ha: {enabled: true, lease: 3s}\nstore: {url: 'postgresql://gpurm@db:5432/gpurm'}\n"
+    need = takeover_lease_s(takeover_within_s(3.0), 1.0)
+    assert need == 2 * (3.0 + 1.0 + 2 * 1.0)
+    s = load_rm_config(rm_yaml(tmp_path, ha)).settings
+    assert s.agent_lease_s >= need and s.missed_beats == beats_for_lease(need, 1.0, 2.0) == 16
+    assert fence_timing(1.0, s.missed_beats).problems() == []
+    # Without ha the default stays 10.
+    assert load_rm_config(rm_yaml(tmp_path, "listen: 127.0.0.1:7070\n")).settings.missed_beats == 10
+
+
+@pytest.mark.parametrize(("extra", "field"), [("heartbeat: {missed_beats: 10}\n", "heartbeat.missed_beats"),
+                                              ("heartbeat: {missed_beats: 30, lease: 8s}\n", "heartbeat.lease")])
+def test_with_ha_a_lease_shorter_than_a_takeover_is_refused(tmp_path: Path, extra: str, field: str) -> None:
+    ha = "ha: {enabled: true, lease: 3s}\nstore: {url: 'postgresql://gpurm@db:5432/gpurm'}\n"
+    with pytest.raises(ConfigError) as err:
+        load_rm_config(rm_yaml(tmp_path, ha + extra))
+    text = "; ".join(err.value.problems)
+    assert field in text and "outlast an RM takeover" in text and "missed_beats to 16 or more" in text

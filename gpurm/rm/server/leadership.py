@@ -51,6 +51,17 @@ READ = "SELECT holder, address, epoch, since, expires, now(), http_url FROM rm_l
 FENCE = "SELECT holder, epoch FROM rm_leader WHERE id = 1 FOR SHARE"
 
 STEP_DOWN_MARGIN = 0.2     # of the lease: a leader steps down this much before its lease could run out
+TRY_EVERY_S = 1.0          # seconds between a standby's tries to take the lease (at most; a third of it if less)
+
+
+def standby_try_every_s(ttl_s: float) -> float:
+    return min(TRY_EVERY_S, ttl_s / 3)
+
+
+def takeover_within_s(ttl_s: float) -> float:
+    """The longest a leader that stops (killed, paused, cut off) leaves the set without one: its lease runs out at
+    most `ttl` after its last renewal, and a standby tries to take it every `standby_try_every_s`."""
+    return ttl_s + standby_try_every_s(ttl_s)
 
 
 class Fenced(Exception):

@@ -21,12 +21,11 @@ from gpurm.common.rmlist import LEADER_KEY
 from gpurm.common.tls import TLSConfig
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rm.http.standby import StandbyHttp
-from gpurm.rm.server.leadership import Lease, Term
+from gpurm.rm.server.leadership import Lease, Term, standby_try_every_s
 from gpurm.rm.storage.store import StoreWriteError
 
 log = logging.getLogger(__name__)
 
-TRY_EVERY = 1.0                     # seconds between a standby's tries to take the lease (at most; ttl / 3 if less)
 
 
 class StandbyAnswers(grpc.GenericRpcHandler):
@@ -89,7 +88,7 @@ async def wait_for_lead(lease: Lease, term: Term, address: str, tls_config: TLSC
         await server.stop(grace=0)
         raise
     log.info("standby on %s%s: waiting to take the lead", address, f" and {web.url}" if web is not None else "")
-    every = min(TRY_EVERY, term.ttl_s / 3)
+    every = standby_try_every_s(term.ttl_s)
     try:
         while not stop.is_set():
             sent = time.monotonic()
