@@ -215,7 +215,10 @@ class Tracker:
                                             request.join_time_ms)
         versions = {r.container_id: r.version for r in records}
         sent_at = self.fence.clock() if self.fence is not None else 0.0
-        timeout = max(MIN_REGISTER_WAIT_S, self._wait_s(REGISTER_TIMEOUT_S))
+        # With several RMs a registration hung on a stopped leader must leave time to try the next within the lease;
+        # with one there is nothing else to try, and a fleet re-registering at once may need the full wait.
+        timeout = max(MIN_REGISTER_WAIT_S, self._wait_s(REGISTER_TIMEOUT_S)) if self.follower.several \
+            else REGISTER_TIMEOUT_S
         reply: pb.RegisterNodeResponse = await stub.RegisterNode(request, timeout=timeout)
         if self.fence is not None:
             self.fence.set_terms(reply.lease_ms / 1000, reply.fence_grace_ms / 1000)
