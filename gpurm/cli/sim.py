@@ -88,10 +88,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "queue, user, name optional; a jobs.csv of an earlier run serves): rm.yaml "
                         "scheduler.history.prior")
     p.add_argument("--forecast", type=int, default=0, metavar="N",
-                   help="measure start-time forecasts: forecast at most N jobs (every k-th submitted) at their "
-                        "submission, as the RM does, and report their accuracy against a naive baseline in "
-                        "summary.json's `forecast` (docs/sim.md, \"Start-time forecasts\"); each costs three short "
-                        "replays; default 0 (off)")
+                   help="measure start-time forecasts: forecast at most N jobs of each size class (every k-th "
+                        "submitted) at their submission, as the RM does, and report their accuracy against a naive "
+                        "baseline in summary.json's `forecast` (docs/sim.md, \"Start-time forecasts\"); each "
+                        "costs three short replays; default 0 (off)")
     p.add_argument("--forecast-horizon", metavar="DURATION", default="7d",
                    help="with --forecast: replayed time a forecast looks ahead at most; default 7d")
     p.add_argument("--forecast-widen", type=float, default=ForecastSettings().widen, metavar="W",
@@ -310,6 +310,6 @@ def _print_forecast(f: dict[str, object]) -> None:
                      _num(g["p90_abs_error_s"]), _share(g["coverage"]), _num(base["median_abs_error_s"]),
                      _num(base["p90_abs_error_s"])])
     print(f"start-time forecasts: {f['forecast']} of {f['sampled']} sampled jobs waited at submission "
-          f"(every {f['every']}th; {f['started_at_once']} started at once); {_num(f['wall_s'])} forecasting")
+          f"({f['started_at_once']} started at once); {_num(f['wall_s'])} forecasting")
     table(["SIZE (GPUs)", "MEASURED", "MEDIAN WAIT", "MEDIAN ERROR", "P90 ERROR", "IN RANGE",
            "BASELINE MEDIAN", "BASELINE P90"], rows)

@@ -1,12 +1,13 @@
 """`gpurm sim --forecast N`: how right the start-time forecasts are, measured on a replay.
 
-At the submission of a sample of the trace's jobs (every k-th in submission order, k = ceil(jobs / N), so at most
-N), once the RM has settled that instant, a job that is still waiting gets a forecast exactly as the daemon makes
-one: `rm/forecast/snapshot.take` from the replay's own `RMCore`, then `rm/forecast/replay.forecast`, and the naive
-baseline's (`rm/forecast/baseline.py`). When the run is over each forecast is compared with the job's real first
-start in the replay. `summary.json`'s `forecast` object:
+At the submission of a sample of the trace's jobs (per size class of 1, 2-4, 5-8, 9-16 and 17+ GPUs, every k-th of
+the class in submission order, k = ceil(class's jobs / N): at most N a class, so that the rare big jobs are
+measured too), once the RM has settled that instant, a job that is still waiting gets a forecast exactly as the
+daemon makes one: `rm/forecast/snapshot.take` from the replay's own `RMCore`, then `rm/forecast/replay.forecast`,
+and the naive baseline's (`rm/forecast/baseline.py`). When the run is over each forecast is compared with the job's
+real first start in the replay. `summary.json`'s `forecast` object:
 
-- `sampled`, `every`: the jobs looked at and k; `started_at_once`: of those, how many started at their own
+- `sampled`, `every`: the jobs looked at and each class's k; `started_at_once`: of those, how many started at their own
   submission's instant (no forecast needed, left out of every figure); `forecast`: how many were forecast;
   `measured`: those that then started (a job that never started in the run has no error);
 - `median_abs_error_s`, `p90_abs_error_s`: |likely - actual| over the measured jobs (a forecast "beyond the
@@ -16,14 +17,18 @@ start in the replay. `summary.json`'s `forecast` object:
 - `baseline`: the same errors for the naive baseline (a point forecast: no coverage);
 - `by_class`: every figure above per size class (1, 2-4, 5-8, 9-16, 17+ GPUs);
 - `settings`, `wall_s` (the forecasts' own time), `replay_events`.
+Every forecast, with the job's real wait, is written to `forecasts.csv` (waits in seconds after the submission;
+empty: beyond the horizon, or never started).
 """
 
 from __future__ import annotations
 
+import csv
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpurm.common.model import JobState
 from gpurm.rm.forecast.baseline import baseline_wait_s
@@ -34,6 +39,7 @@ from gpurm.sim.engine import Engine
 from gpurm.sim.metrics import JobResult, locality_class, percentile
 
 ForecastProgress = Callable[[int, int], None]     # (forecasts made, forecasts planned)
+FORECASTS_FILE = "forecasts.csv"
 
 
 @dataclass(frozen=True)
@@ -53,10 +59,14 @@ class SubmitForecasts:
 
     def __init__(self, engine: Engine, sample: int, settings: ForecastSettings,
                  progress: ForecastProgress | None = None) -> None:
-        n = len(engine.trace.jobs)
-        self.every = max(1, math.ceil(n / sample)) if sample > 0 else n + 1
-        self.position = {tj.job_id: i for i, tj in enumerate(engine.trace.jobs)}
-        self.planned = len(range(0, n, self.every))
+        counts: dict[str, int] = {}
+        self.position: dict[str, tuple[str, int]] = {}     # trace id -> (its class, its index in the class)
+        for tj in engine.trace.jobs:
+            c = locality_class(tj.gpus)
+            self.position[tj.job_id] = (c, counts.get(c, 0))
+            counts[c] = counts.get(c, 0) + 1
+        self.every = {c: max(1, math.ceil(n / sample)) if sample > 0 else n + 1 for c, n in counts.items()}
+        self.planned = sum(len(range(0, n, self.every[c])) for c, n in counts.items())
         self.engine = engine
         self.settings = settings
         self.progress = progress
@@ -70,9 +80,10 @@ class SubmitForecasts:
     def __call__(self, now: float, arrived: list[str]) -> None:
         engine = self.engine
         for cid in arrived:
-            tid = engine.by_trace[cid]
-            if self.position[tid] % self.every:
+            c, i = self.position[engine.by_trace[cid]]
+            if i % self.every[c]:
                 continue
+            tid = engine.by_trace[cid]
             self.sampled += 1
             job = engine.core.jobs.get(cid)
             if job is None or job.start_time or job.state in (JobState.RUNNING,) or job.state.terminal:
@@ -93,7 +104,7 @@ class SubmitForecasts:
         actual = {r.job_id: r.start_s - r.submit_s for r in results if r.start_s is not None}
         measured = [(m, actual[m.trace_id]) for m in self.made if m.trace_id in actual]
         out: dict[str, object] = {
-            "sampled": self.sampled, "every": self.every, "started_at_once": self.at_once,
+            "sampled": self.sampled, "every": dict(sorted(self.every.items())), "started_at_once": self.at_once,
             "forecast": len(self.made), **_figures(measured, self.settings.horizon_s),
             "by_class": {c: _figures([(m, a) for m, a in measured if locality_class(m.gpus) == c],
                                      self.settings.horizon_s)
@@ -103,6 +114,18 @@ class SubmitForecasts:
             "wall_s": self.wall_s, "replay_events": self.events,
         }
         return out
+
+
+    def write_csv(self, out: Path, results: Sequence[JobResult]) -> Path:
+        actual = {r.job_id: r.start_s - r.submit_s for r in results if r.start_s is not None}
+        path = out / FORECASTS_FILE
+        with path.open("w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["job_id", "gpus", "earliest_s", "likely_s", "latest_s", "baseline_s", "actual_s"])
+            for m in self.made:
+                w.writerow([m.trace_id, m.gpus, *("" if v is None else f"{v:.1f}" for v in
+                            (m.earliest_s, m.likely_s, m.latest_s, m.baseline_s, actual.get(m.trace_id)))])
+        return path
 
 
 def _wait(at: float | None, now: float) -> float | None:

@@ -232,6 +232,8 @@ def _run(req: SimRequest, progress: Progress | None, forecast_progress: Forecast
     metrics.write_jobs_csv(req.out, result.results)
     metrics.write_queue_timeline_csv(req.out, result.timeline)
     files = [req.out / metrics.SUMMARY_FILE, req.out / metrics.JOBS_FILE, req.out / metrics.QUEUE_TIMELINE_FILE]
+    if forecasts is not None:
+        files.append(forecasts.write_csv(req.out, result.results))
     if req.plots:
         from gpurm.sim.plots import write_plots  # matplotlib is slow to import: only when plotting
         files += write_plots(req.out, result.results, result.timeline, capacity,

@@ -4,6 +4,7 @@ boundary. No sockets, no sleeps: every clock is a number passed in."""
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import pytest
@@ -83,6 +84,19 @@ def test_the_queue_order_is_kept_and_a_later_job_waits_for_the_earlier_ones() ->
     got, _ = forecast(snap, ForecastSettings(widen=0.0))
     assert got["A"].likely == NOW + 600.0
     assert got["B"].likely == NOW + 1600.0           # after A's whole 1,000 s
+
+
+def test_running_jobs_stay_on_their_servers() -> None:
+    # Two 2-GPU jobs, one on each server: no server has 4 free, so Q (4 GPUs, one server) waits for the first end.
+    # (Placed anew they would share one server and leave the other free for Q at once.)
+    r1 = dataclasses.replace(running("R1", 1, 2, 400.0), servers=("n1",))
+    r2 = dataclasses.replace(running("R2", 2, 2, 0.0), servers=("n0",))
+    snap = snapshot([r1, r2, queued("Q", 3, 4)], nodes=2)
+    got, _ = forecast(snap, ForecastSettings(widen=0.0))
+    assert got["Q"].likely == NOW + 600.0
+    unpinned = snapshot([dataclasses.replace(r1, servers=()), dataclasses.replace(r2, servers=()),
+                         queued("Q", 3, 4)], nodes=2)
+    assert forecast(unpinned, ForecastSettings(widen=0.0))[0]["Q"].likely == NOW
 
 
 def test_a_job_that_fits_now_starts_now() -> None:

@@ -4,8 +4,10 @@ clock, no I/O; the same snapshot and settings give the same forecasts.
 How. The snapshot is replayed through the simulator's engine (`sim/engine.py`: the real `RMCore`, scheduler,
 preemption and one real AM `Master` per job) on a virtual clock that starts at the snapshot's `now`:
 1. its servers register, empty;
-2. its running jobs arrive first, in submission order, each with the GPU-time it attained, and are placed (on the
-   servers the planner picks now, which may differ from where they run);
+2. its running jobs arrive first, each with the GPU-time it attained, and are placed on the servers they run on:
+   all servers but theirs drained while they arrive and settle (server by server, then the multi-server jobs set by
+   set; a job the planner still places elsewhere, or not at once, keeps what it got). Placed anew, they would be
+   packed tighter than they run, and big waiting jobs would find room that the real cluster does not have;
 3. its queued jobs arrive a millisecond later, in submission order, with what they attained before (a preempted
    job);
 4. the replay runs until every queued job asked about has started, or `horizon_s` of replayed time, or
@@ -26,7 +28,7 @@ from __future__ import annotations
 import gc
 import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpurm.common.jobspec import LocalityLevel, LocalityMode, Placement
@@ -103,8 +105,7 @@ def replay_starts(snap: Snapshot, durations: dict[str, float], targets: Iterable
     gc.disable()
     try:
         now = ORIGIN
-        arrive([j for j in by_seq if j.running], now)
-        engine.settle(now)
+        _place_running(engine, [j for j in by_seq if j.running], arrive, now)
         now = ORIGIN + QUEUED_AFTER_S
         arrive([j for j in by_seq if not j.running], now)
         engine.settle(now)
@@ -140,6 +141,32 @@ def replay_starts(snap: Snapshot, durations: dict[str, float], targets: Iterable
         if gc_was_on:
             gc.enable()
     return starts, ReplayStats(n_events, capped)
+
+
+def _place_running(engine: Engine, running: list[SnapJob], arrive: Callable[[list[SnapJob], float], None],
+                   now: float) -> None:
+    """The running jobs back on their servers: every server drained, then each group of jobs with the same servers
+    arrives and settles with only those servers open; then every server open again."""
+    core = engine.core
+    nodes = list(core.cluster.nodes)
+    groups: dict[tuple[str, ...], list[SnapJob]] = {}
+    for j in running:
+        groups.setdefault(tuple(s for s in j.servers if s in core.cluster.nodes), []).append(j)
+    pinned = [(servers, jobs) for servers, jobs in groups.items() if servers]
+    if pinned:
+        for node in nodes:
+            core.drain(node, False, now)
+        for servers, jobs in sorted(pinned, key=lambda g: (len(g[0]), g[0])):
+            for node in servers:
+                core.drain(node, True, now)
+            arrive(jobs, now)
+            engine.settle(now)
+            for node in servers:
+                core.drain(node, False, now)
+        for node in nodes:
+            core.drain(node, True, now)
+    arrive(groups.get((), []), now)            # no servers known (a snapshot of older records): placed anew
+    engine.settle(now)
 
 
 def _collect(engine: Engine, left: dict[str, str], starts: dict[str, float | None]) -> None:

@@ -50,6 +50,7 @@ class SnapJob:
     placement: str = Placement.PACK.value
     # Its locality settings (timeout_s, backoff_base_s, backoff_max_s, start level, mode); () = the defaults.
     locality: tuple[float, float, float, int, str] | tuple[()] = ()
+    servers: tuple[str, ...] = ()   # running: the servers its learners run on (the replay puts it back there)
 
     @property
     def gpu_amount(self) -> float:
@@ -169,9 +170,12 @@ def take(core: RMCore, now: float, cache: HistoryCache | None = None) -> Snapsho
         attained = job.attained_gpu_s
         running = state is JobState.RUNNING
         ran_s = attained / gpus
+        servers: tuple[str, ...] = ()
         if running:
-            started = [c.started for c in core.live_by_job.get(job.job_id, {}).values()
-                       if c.kind is ContainerKind.LEARNER and c.started > 0]
+            learners = [c for c in core.live_by_job.get(job.job_id, {}).values()
+                        if c.kind is ContainerKind.LEARNER and c.started > 0]
+            started = [c.started for c in learners]
+            servers = tuple(sorted({c.node_id for c in learners}))
             if started:
                 begun = min(started)
                 ran_s = max(0.0, now - begun)
@@ -182,7 +186,7 @@ def take(core: RMCore, now: float, cache: HistoryCache | None = None) -> Snapsho
         jobs.append(SnapJob(job.job_id, job.queue, job.user, spec.name, gpus, spec.gpu_share_milli, job.seq,
                             job.submit_time, running, ran_s, attained, spec.placement.value,
                             (loc.timeout_s, loc.backoff_base_s, loc.backoff_max_s, int(loc.start_level),
-                             loc.mode.value)))
+                             loc.mode.value), servers))
     s = core.settings
     override = core.scheduler.policy_override
     settings = SnapSettings(override.value if override is not None else None, s.inqueue_min_run_s,
