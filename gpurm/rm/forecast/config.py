@@ -8,7 +8,7 @@ forecast:
                        # waits longer before the next one
   horizon: 7d          # replayed time at most: a job not started by then is "beyond the horizon"
   quantiles: [0.1, 0.9]   # the range: every job's run time at these quantiles of its history group
-  widen: 1.0           # the latest start at least likely + widen x the likely wait (docs/sim.md: coverage measured)
+  widen: 2.0           # the latest start at least likely + widen x the likely wait (docs/sim.md: coverage measured)
 ```
 """
 

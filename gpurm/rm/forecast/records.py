@@ -13,7 +13,7 @@ class ForecastSettings:
     horizon_s: float = 7 * 86400.0     # replayed time at most; a job not started by then is "beyond the horizon"
     low_quantile: float = 0.1          # earliest: every job runs this quantile of what is left of it
     high_quantile: float = 0.9         # latest: ... this quantile
-    widen: float = 1.0                 # latest at least likely + widen x (likely - now)
+    widen: float = 2.0                 # latest at least likely + widen x (likely - now)
     max_events: int = 2_000_000        # replayed events at most, per replay (a CPU cap)
 
     def __post_init__(self) -> None:
