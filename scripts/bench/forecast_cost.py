@@ -95,6 +95,9 @@ def main() -> int:
     note(f"replaying the Philly window on {args.cluster} until {args.waiting} jobs wait ...")
     core, at = live_core(args.waiting, args.cluster)
     n_wait = waiting(core)
+    if n_wait < args.waiting:
+        note(f"the window never had {args.waiting} jobs waiting (at its end: {n_wait}); give a smaller --waiting")
+        return 1
     live = sum(1 for j in core.jobs.values() if not j.state.terminal)
     note(f"{n_wait} waiting, {live} not ended, {len(core.jobs)} jobs in the core; timing the snapshot")
     cache = HistoryCache()
