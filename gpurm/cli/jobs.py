@@ -28,6 +28,7 @@ from gpurm.cli.output import (
     span,
     table,
 )
+from gpurm.common import forecasttext
 from gpurm.common.fields import ConfigError, format_duration, parse_duration
 from gpurm.common.jobspec import (
     JobSpec,
@@ -219,7 +220,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- jobs
 
 
-JOB_HEADERS = ["JOB", "NAME", "USER", "QUEUE", "STATE", "GPUS", "ATT", "TIME", "INFO"]
+JOB_HEADERS = ["JOB", "NAME", "USER", "QUEUE", "STATE", "GPUS", "ATT", "TIME", "START", "INFO"]
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
@@ -275,7 +276,15 @@ def job_row(j: pb.Job, now: float) -> list[object]:
         info = j.waiting_reason
     gpus = gpus_text(spec) + ("*" if j.preemptible else "") + (" spread" if spec.placement == _SPREAD else "")
     return [j.job_id, spec.name or "-", j.user, j.queue.removeprefix("root."), STATE_NAMES.get(state, "UNKNOWN"),
-            gpus, attempt or "-", elapsed, info]
+            gpus, attempt or "-", elapsed, start_column(j, now), info]
+
+
+def start_column(j: pb.Job, now: float) -> str:
+    """A waiting job's forecast start (`~1h20m (40m-3h10m)`), else `-`."""
+    if j.state in TERMINAL or j.state == pb.JOB_RUNNING or not j.HasField("forecast"):
+        return "-"
+    f = j.forecast
+    return forecasttext.short(f.earliest_ms, f.likely_ms, f.latest_ms, f.horizon_ms, f.made_ms, now)
 
 
 # ---------------------------------------------------------------- status
@@ -362,6 +371,9 @@ def render_status(job: pb.Job, now: float | None = None) -> str:
         field("AM", f"attempt {job.am_attempt} on {job.am_node or '-'}")
     if job.waiting_reason and job.state not in TERMINAL:
         field("waiting", job.waiting_reason)
+    if job.HasField("forecast") and job.state not in TERMINAL and job.state != pb.JOB_RUNNING:
+        f = job.forecast
+        field("starts", forecasttext.sentence(f.earliest_ms, f.likely_ms, f.latest_ms, f.horizon_ms, f.made_ms, now))
     if job.diagnostics:
         field("diagnostics", job.diagnostics)
     for a in reversed(job.attempts):

@@ -11,6 +11,7 @@ from gpurm.cli.basics import CliError
 from gpurm.cli.output import print_json, table
 from gpurm.common.fields import format_duration, parse_duration
 from gpurm.queues.tree import Borrowing, Policy
+from gpurm.rm.forecast.records import ForecastSettings
 from gpurm.rm.sched.history import DEFAULT_CONDITIONING, LEVELS
 from gpurm.rm.sched.prior import PriorError, load_prior
 from gpurm.rm.state.messages import RESERVATIONS
@@ -23,7 +24,9 @@ from gpurm.sim.trace import FORMATS, TraceError, split_window
 EXAMPLE = ("  gpurm sim --trace jobs-2017-10-02_to_10-15.csv --format philly-csv --cluster 8x8x8 --out /tmp/sim-fifo\n"
            "  gpurm sim --trace jobs.csv --format philly-csv --cluster 8x8x8 --policy las --borrowing las"
            " --queues configs/queues.yaml \\\n      --window 2017-10-03,2017-10-05 --failures 0.5 --seed 7"
-           " --out /tmp/sim-las -o json")
+           " --out /tmp/sim-las -o json\n"
+           "  gpurm sim --trace jobs.csv --format philly-csv --cluster 8x8x8 --forecast 300 --no-plots"
+           " --out /tmp/sim-forecast")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -84,6 +87,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a CSV of finished jobs the history starts from (gpus and duration_s or size_gpu_s; "
                         "queue, user, name optional; a jobs.csv of an earlier run serves): rm.yaml "
                         "scheduler.history.prior")
+    p.add_argument("--forecast", type=int, default=0, metavar="N",
+                   help="measure start-time forecasts: forecast at most N jobs of each size class (every k-th "
+                        "submitted) at their submission, as the RM does, and report their accuracy against a naive "
+                        "baseline in summary.json's `forecast` (docs/sim.md, \"Start-time forecasts\"); each "
+                        "costs three short replays; default 0 (off)")
+    p.add_argument("--forecast-horizon", metavar="DURATION", default="7d",
+                   help="with --forecast: replayed time a forecast looks ahead at most; default 7d")
+    p.add_argument("--forecast-widen", type=float, default=ForecastSettings().widen, metavar="W",
+                   help="with --forecast: the range's latest start is at least likely + W x the likely wait; "
+                        f"default {ForecastSettings().widen:g} (rm.yaml forecast.widen)")
     p.add_argument("--out", required=True, metavar="DIR", help="where summary.json, jobs.csv and the plots go")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots (faster)")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table",
@@ -104,6 +117,13 @@ def cmd_sim(args: argparse.Namespace) -> int:
         prior = load_prior(Path(args.history_prior)) if args.history_prior else ()
     except PriorError as exc:
         raise CliError(f"--history-prior: {exc}") from None
+    try:
+        fsettings = ForecastSettings(horizon_s=_duration_flag("--forecast-horizon", args.forecast_horizon) or 1.0,
+                                     widen=args.forecast_widen)
+    except ValueError as exc:
+        raise CliError(f"--forecast-widen: {exc}") from None
+    if args.forecast < 0:
+        raise CliError(f"--forecast: must be 0 or more, got {args.forecast}")
     req = SimRequest(trace=Path(args.trace), fmt=args.format, cluster=args.cluster, out=Path(args.out),
                      queues=Path(args.queues) if args.queues else None,
                      policy=Policy(args.policy) if args.policy else None,
@@ -114,14 +134,15 @@ def cmd_sim(args: argparse.Namespace) -> int:
                      checkpoint_interval_s=checkpoint, restart_cost_s=restart, relax=RelaxPolicy(args.relax),
                      elastic_share=args.elastic_share, elastic_max=args.elastic_max,
                      reservations=args.reservations, reserve_after_s=reserve_after or 0.0,
-                     history_by=args.history_by, history_prior=prior)
+                     history_by=args.history_by, history_prior=prior, forecast=args.forecast,
+                     forecast_settings=fsettings)
     if req.plots:
         missing = plotting_missing()
         if missing:      # before the replay, which may take minutes, not after it
             raise CliError(missing)
     progress = _Progress()
     try:
-        outcome = run(req, progress)
+        outcome = run(req, progress, progress.forecasts if req.forecast else None)
     except (SimInputError, TraceError, ValueError) as exc:
         raise CliError(str(exc)) from None
     progress.done()
@@ -161,6 +182,10 @@ class _Progress:
         self.tty = sys.stderr.isatty()
         self.last = 0.0
         self.shown = False
+        self.forecast_text = ""
+
+    def forecasts(self, made: int, planned: int) -> None:
+        self.forecast_text = f", forecasts {made}/{planned}"
 
     def __call__(self, sim_now: float, finished: int, total: int) -> None:
         wall = time.monotonic() - self.start
@@ -168,7 +193,7 @@ class _Progress:
             return
         self.last = wall
         line = (f"simulating: {finished}/{total} jobs done ({100 * finished / max(total, 1):.0f}%), "
-                f"simulated {format_duration(sim_now)}, {wall:.0f}s")
+                f"simulated {format_duration(sim_now)}{self.forecast_text}, {wall:.0f}s")
         sys.stderr.write(f"\r{line}\033[K" if self.tty else line + "\n")
         sys.stderr.flush()
         self.shown = True
@@ -266,3 +291,25 @@ def _print_summary(s: dict[str, object]) -> None:
         qrows.append([name, q["jobs"], _num(q["avg_jct_s"]), _num(q["avg_queue_s"]), q["preemptions"],
                       f"{100 * q['gpu_time_share']:.1f}%", _num(q.get("below_share_s", 0.0))])
     table(["QUEUE", "JOBS", "AVG JCT", "AVG QUEUEING", "PREEMPTED", "GPU-TIME SHARE", "BELOW SHARE"], qrows)
+    forecast = s.get("forecast")
+    if isinstance(forecast, dict):
+        print()
+        _print_forecast(forecast)
+
+
+def _print_forecast(f: dict[str, object]) -> None:
+    """The forecasts' accuracy: the replay's against the naive baseline's, all jobs and per size class."""
+    by_class = f["by_class"]
+    assert isinstance(by_class, dict)
+    rows: list[list[object]] = []
+    for name, g in [("all", f), *by_class.items()]:
+        assert isinstance(g, dict)
+        base = g["baseline"]
+        assert isinstance(base, dict)
+        rows.append([name, g["measured"], _num(g["median_actual_wait_s"]), _num(g["median_abs_error_s"]),
+                     _num(g["p90_abs_error_s"]), _share(g["coverage"]), _num(base["median_abs_error_s"]),
+                     _num(base["p90_abs_error_s"])])
+    print(f"start-time forecasts: {f['forecast']} of {f['sampled']} sampled jobs waited at submission "
+          f"({f['started_at_once']} started at once); {_num(f['wall_s'])} forecasting")
+    table(["SIZE (GPUs)", "MEASURED", "MEDIAN WAIT", "MEDIAN ERROR", "P90 ERROR", "IN RANGE",
+           "BASELINE MEDIAN", "BASELINE P90"], rows)

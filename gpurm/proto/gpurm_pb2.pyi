@@ -476,7 +476,7 @@ class Attempt(_message.Message):
     def __init__(self, attempt: _Optional[int] = ..., state: _Optional[_Union[JobState, str]] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., learners: _Optional[_Iterable[_Union[Learner, _Mapping]]] = ..., failure: _Optional[_Union[FailureKind, str]] = ..., cause: _Optional[str] = ..., exit_code: _Optional[int] = ..., counts_as_failure: _Optional[bool] = ..., level: _Optional[str] = ..., am_attempt: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "user", "queue", "state", "submit_ms", "start_ms", "finish_ms", "attempts", "diagnostics", "exit_code", "am_attempt", "am_node", "gpus_held", "preemptible", "preemptions", "failures", "live_containers", "waiting_reason", "attained_gpu_s", "target_gpus")
+    __slots__ = ("job_id", "spec", "user", "queue", "state", "submit_ms", "start_ms", "finish_ms", "attempts", "diagnostics", "exit_code", "am_attempt", "am_node", "gpus_held", "preemptible", "preemptions", "failures", "live_containers", "waiting_reason", "attained_gpu_s", "target_gpus", "forecast")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
@@ -498,6 +498,7 @@ class Job(_message.Message):
     WAITING_REASON_FIELD_NUMBER: _ClassVar[int]
     ATTAINED_GPU_S_FIELD_NUMBER: _ClassVar[int]
     TARGET_GPUS_FIELD_NUMBER: _ClassVar[int]
+    FORECAST_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: JobSpec
     user: str
@@ -519,7 +520,22 @@ class Job(_message.Message):
     waiting_reason: str
     attained_gpu_s: float
     target_gpus: int
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., submit_ms: _Optional[int] = ..., start_ms: _Optional[int] = ..., finish_ms: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., diagnostics: _Optional[str] = ..., exit_code: _Optional[int] = ..., am_attempt: _Optional[int] = ..., am_node: _Optional[str] = ..., gpus_held: _Optional[int] = ..., preemptible: _Optional[bool] = ..., preemptions: _Optional[int] = ..., failures: _Optional[int] = ..., live_containers: _Optional[int] = ..., waiting_reason: _Optional[str] = ..., attained_gpu_s: _Optional[float] = ..., target_gpus: _Optional[int] = ...) -> None: ...
+    forecast: StartForecast
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., submit_ms: _Optional[int] = ..., start_ms: _Optional[int] = ..., finish_ms: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., diagnostics: _Optional[str] = ..., exit_code: _Optional[int] = ..., am_attempt: _Optional[int] = ..., am_node: _Optional[str] = ..., gpus_held: _Optional[int] = ..., preemptible: _Optional[bool] = ..., preemptions: _Optional[int] = ..., failures: _Optional[int] = ..., live_containers: _Optional[int] = ..., waiting_reason: _Optional[str] = ..., attained_gpu_s: _Optional[float] = ..., target_gpus: _Optional[int] = ..., forecast: _Optional[_Union[StartForecast, _Mapping]] = ...) -> None: ...
+
+class StartForecast(_message.Message):
+    __slots__ = ("made_ms", "earliest_ms", "likely_ms", "latest_ms", "horizon_ms")
+    MADE_MS_FIELD_NUMBER: _ClassVar[int]
+    EARLIEST_MS_FIELD_NUMBER: _ClassVar[int]
+    LIKELY_MS_FIELD_NUMBER: _ClassVar[int]
+    LATEST_MS_FIELD_NUMBER: _ClassVar[int]
+    HORIZON_MS_FIELD_NUMBER: _ClassVar[int]
+    made_ms: int
+    earliest_ms: int
+    likely_ms: int
+    latest_ms: int
+    horizon_ms: int
+    def __init__(self, made_ms: _Optional[int] = ..., earliest_ms: _Optional[int] = ..., likely_ms: _Optional[int] = ..., latest_ms: _Optional[int] = ..., horizon_ms: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node_id", "host", "agent_port", "rack", "ib_domain", "gpus", "cpus", "memory_mib", "containers", "agent_version", "agent_instance", "healthy", "health_report", "join_time_ms", "join_proof", "metrics_port", "container_engine", "gpu_passing", "images", "follows_interval")

@@ -15,6 +15,7 @@ from gpurm.common.lease import beats_for_lease, fence_timing, takeover_lease_s
 from gpurm.common.limits import ServerLimits, read_limits
 from gpurm.common.retry import AM_POLICY
 from gpurm.common.tls import TLSConfig, read_tls_section
+from gpurm.rm.forecast.config import ForecastConfig, read_forecast_section
 from gpurm.rm.sched.history import LEVELS
 from gpurm.rm.sched.prior import PriorError, load_prior
 from gpurm.rm.server.leadership import takeover_within_s
@@ -82,6 +83,7 @@ class RMConfig:
     am_rm_retry_for_s: float = AM_POLICY.give_up_s   # an AM rides out an unreachable RM this long (0: forever)
     retention: RetentionSettings = field(default_factory=RetentionSettings)   # finished jobs (rm/state/retention.py)
     ha: HAConfig = field(default_factory=HAConfig)   # several RMs on one PostgreSQL (rm/server/leadership.py)
+    forecast: ForecastConfig = field(default_factory=ForecastConfig)   # start-time forecasts (rm/forecast/)
 
     @property
     def advertised(self) -> str:
@@ -204,6 +206,7 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     sd.reject_unknown()
     cfg.http = read_http_section(r)
     cfg.retention = read_retention_section(r)
+    cfg.forecast = read_forecast_section(r)
     cfg.settings = s
     r.reject_unknown()
     p.raise_if_any()

@@ -111,6 +111,10 @@ class Engine:
         self.shells = AMShells(self.core, self.ams, self.dirty, self.pending, options, self.views, self.agents,
                                self.waker, self.recorder)
         self._check_at: float | None = None
+        # Called after the settle of each instant at which jobs arrived, with the RM's ids of those that were
+        # submitted (`gpurm sim --forecast`: sim/forecasting.py forecasts their starts from there).
+        self.after_arrivals: Callable[[float, list[str]], None] | None = None
+        self.arrived: list[str] = []
         self.n_events = 0
         self.n_settles = 0
 
@@ -147,6 +151,10 @@ class Engine:
                 moved = self.handle(now, kind, payload) or moved
             if moved:
                 self.settle(now)
+            if self.arrived:
+                if self.after_arrivals is not None:
+                    self.after_arrivals(now, self.arrived)
+                self.arrived = []
             if progress is not None and time.perf_counter() - last_report > 0.5:
                 last_report = time.perf_counter()
                 if len(results) != done_before:
@@ -209,6 +217,8 @@ class Engine:
         job.expected_gpu_s = tj.duration_s * tj.gpus
         self.by_trace[job.job_id] = tj.job_id
         self.pending[job.job_id] = tj
+        if self.after_arrivals is not None:
+            self.arrived.append(job.job_id)
 
     def job_locality(self, tj: TraceJob) -> Locality:
         """The run's locality settings, with the trace job's own (jsonl `locality`) in their place."""

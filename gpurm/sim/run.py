@@ -17,17 +17,19 @@ import gc
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpurm.common.fields import ConfigError
 from gpurm.queues.config import parse_queues
 from gpurm.queues.tree import Borrowing, Policy, QueueDef, QueueTree
+from gpurm.rm.forecast.records import ForecastSettings
 from gpurm.rm.sched.history import DEFAULT_CONDITIONING, Finished
 from gpurm.rm.state.messages import RESERVATIONS, RESERVE_AFTER_S
 from gpurm.sim import metrics
 from gpurm.sim.clusterspec import SimServer, parse_cluster, total_gpus
 from gpurm.sim.engine import Engine
+from gpurm.sim.forecasting import ForecastProgress, SubmitForecasts
 from gpurm.sim.options import RelaxPolicy, SimOptions, SimResult
 from gpurm.sim.runtime import RuntimeConfig, RuntimeModel, load_config
 from gpurm.sim.trace import Trace, load_trace, make_elastic
@@ -65,6 +67,8 @@ class SimRequest:
     reserve_after_s: float = RESERVE_AFTER_S
     history_by: str = DEFAULT_CONDITIONING     # what the history conditions on (rm/sched/history.py LEVELS)
     history_prior: tuple[Finished, ...] = ()   # finished jobs it starts from (rm/sched/prior.py)
+    forecast: int = 0                 # forecast the start of at most this many jobs at submission (0: none)
+    forecast_settings: ForecastSettings = field(default_factory=ForecastSettings)
 
 
 @dataclass
@@ -175,14 +179,17 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def run(req: SimRequest, progress: Progress | None = None) -> SimOutcome:
+def run(req: SimRequest, progress: Progress | None = None,
+        forecast_progress: ForecastProgress | None = None) -> SimOutcome:
     """Simulate and write every output file. Raises SimInputError (or TraceError / ValueError from the loaders)
     before anything is simulated when an input is bad."""
     with _gc_paused():
-        return _run(req, progress)
+        return _run(req, progress, forecast_progress)
 
 
-def _run(req: SimRequest, progress: Progress | None) -> SimOutcome:
+def _run(req: SimRequest, progress: Progress | None, forecast_progress: ForecastProgress | None) -> SimOutcome:
+    if req.forecast < 0:
+        raise SimInputError(f"--forecast: must be at least 0 (jobs to forecast), got {req.forecast}")
     if req.failures_per_1000_gpu_h < 0:
         raise SimInputError(f"--failures: must be at least 0, got {req.failures_per_1000_gpu_h:g}")
     config = runtime_config(req)
@@ -193,6 +200,9 @@ def _run(req: SimRequest, progress: Progress | None) -> SimOutcome:
                          reserve_after_s=req.reserve_after_s, history_by=req.history_by,
                          history_prior=req.history_prior)
     engine = Engine(trace, servers, tree, options)
+    forecasts = SubmitForecasts(engine, req.forecast, req.forecast_settings, forecast_progress) if req.forecast \
+        else None
+    engine.after_arrivals = forecasts
     result = engine.run(progress)
     capacity = total_gpus(servers)
     load = metrics.load_factor(trace.gpu_seconds(), capacity, trace.span_s)
@@ -206,10 +216,13 @@ def _run(req: SimRequest, progress: Progress | None) -> SimOutcome:
         "elastic_jobs": sum(1 for j in trace.jobs if j.max_gpus),
         "reservations": req.reservations, "reserve_after_s": req.reserve_after_s,
         "history_by": req.history_by, "history_prior_jobs": len(req.history_prior),
-        "trace_rows_skipped": len(trace.skipped),
+        "trace_rows_skipped": len(trace.skipped), "forecast": req.forecast,
     }
+    extra: dict[str, object] = {}
+    if forecasts is not None:
+        extra["forecast"] = forecasts.summary(result.results)
     summary = metrics.summarize(result.results, result.timeline, capacity, load, result.wall_s,
-                                extra={"inputs": inputs, "events": result.events,
+                                extra={**extra, "inputs": inputs, "events": result.events,
                                        "borrowing": {"policy": result.borrowing,
                                                      "preemptions": result.borrow_preemptions},
                                        "runtime": {"model": req.runtime_model.value,
@@ -219,6 +232,8 @@ def _run(req: SimRequest, progress: Progress | None) -> SimOutcome:
     metrics.write_jobs_csv(req.out, result.results)
     metrics.write_queue_timeline_csv(req.out, result.timeline)
     files = [req.out / metrics.SUMMARY_FILE, req.out / metrics.JOBS_FILE, req.out / metrics.QUEUE_TIMELINE_FILE]
+    if forecasts is not None:
+        files.append(forecasts.write_csv(req.out, result.results))
     if req.plots:
         from gpurm.sim.plots import write_plots  # matplotlib is slow to import: only when plotting
         files += write_plots(req.out, result.results, result.timeline, capacity,

@@ -368,7 +368,8 @@ def wait_up(fleets: list[FleetProc], nodes: int, timeout: float) -> float:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="gpurm-rm-scale-"))
     result: dict[str, Any] = {"nodes": args.nodes, "gpus_per_node": args.gpus, "heartbeat_s": args.interval,
-                              "jobs": args.jobs, "clients": args.clients, "workdir": str(work)}
+                              "jobs": args.jobs, "clients": args.clients, "workdir": str(work),
+                              "forecast": args.forecast, "forecast_interval": args.forecast_interval}
     with contextlib.ExitStack() as stack:
         store_url = ""
         if args.store == "postgresql":
@@ -393,6 +394,9 @@ def _run(args: argparse.Namespace, work: Path, result: dict[str, Any], store_url
                        am={"allocate_interval": "500ms"}, queues=str(queues),
                        # every agent holds a heartbeat stream, one concurrent RPC each: room for them and the rest
                        limits={"max_concurrent_rpcs": args.nodes + 10_000},
+                       # start-time forecasts (rm/forecast/): on by default in the RM; `--forecast off` for the
+                       # allocate figures without them, `--forecast-interval 1s` to replay as often as the budget lets
+                       forecast={"enabled": args.forecast == "on", "interval": args.forecast_interval},
                        **({"store": {"url": store_url}} if store_url else {}))
         fleets: list[FleetProc] = []
         try:
@@ -589,6 +593,9 @@ def main() -> int:
     ap.add_argument("--profile", type=Path, help="sample the RM with py-spy during the submit burst; its "
                                                   "collapsed stacks go to this file, the top functions into the "
                                                   "output (needs py-spy in .venv)")
+    ap.add_argument("--forecast", choices=["on", "off"], default="on",
+                    help="the RM's start-time forecasts (rm.yaml forecast.enabled; default on, as the RM's)")
+    ap.add_argument("--forecast-interval", default="30s", help="rm.yaml forecast.interval (default the RM's, 30s)")
     ap.add_argument("-o", "--output", choices=["table", "json"], default="table")
     args = ap.parse_args()
     args.racks = args.racks or max(1, args.nodes // 40)

@@ -254,7 +254,16 @@ def document(facts: Facts | None = None) -> dict[str, Any]:
                     "properties": {"job_id": {"type": "string"}, "state": {"type": "string", "enum": JOB_STATES},
                                    "user": {"type": "string"}, "queue": {"type": "string"},
                                    "submit_ms": {"type": "integer"}, "waiting_reason": {"type": "string"},
-                                   "attempts": {"type": "array", "items": OBJECT}, "spec": OBJECT}},
+                                   "attempts": {"type": "array", "items": OBJECT}, "spec": OBJECT,
+                                   "forecast": _ref("StartForecast")}},
+            "StartForecast": {
+                "type": "object", "additionalProperties": False,
+                "required": ["made_ms", "earliest_ms", "likely_ms", "latest_ms", "horizon_ms"],
+                "description": "a waiting job's forecast start (docs/cli.md, \"Start-time forecasts\"), Unix ms: "
+                               "made_ms when the replayed state was taken (0: no forecast); a 0 time: not within "
+                               "made_ms + horizon_ms",
+                "properties": {k: {"type": "integer", "minimum": 0}
+                               for k in ("made_ms", "earliest_ms", "likely_ms", "latest_ms", "horizon_ms")}},
             "JobList": {"type": "object", "required": ["jobs", "total", "limit", "offset", "next_page_token"],
                         "properties": {
                 "jobs": {"type": "array", "items": _ref("Job")},

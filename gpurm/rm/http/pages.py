@@ -18,6 +18,7 @@ from urllib.parse import quote, urlencode
 
 from aiohttp import web
 
+from gpurm.common import forecasttext
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rm.http import api
 from gpurm.rm.http.auth import USER_COOKIE
@@ -284,7 +285,7 @@ async def jobs(request: web.Request) -> web.Response:
         gpus = f"{spec['gpu_share_milli'] / 1000:g}" if spec["gpu_share_milli"] else str(spec["gpus"])
         rows.append([job_link(j["job_id"]), e(spec["name"]), e(j["user"]), e(j["queue"].removeprefix("root.")),
                      state_badge(j["state"]), e(gpus), e(span(j["submit_ms"], j["finish_ms"])),
-                     e(j["waiting_reason"] or j["diagnostics"])])
+                     e(_forecast(j, brief=True)), e(j["waiting_reason"] or j["diagnostics"])])
     state_now = ",".join(q.getall("state", []))
     options = "".join(f'<option value="{s}"{" selected" if s == state_now else ""}>{s.lower() or "any"}</option>'
                       for s in ["", *api.STATES])
@@ -302,7 +303,7 @@ async def jobs(request: web.Request) -> web.Response:
                           + [("limit", str(limit))])
     matching = "jobs match" if data["total"] is None else f'{e(data["total"])} jobs match'
     body = (form + f'<p class="meta">{matching}, newest first, {e(limit)} a page</p>'
-            + table(["job", "name", "user", "queue", "state", "GPUs", "time", "waiting / ended"], rows,
+            + table(["job", "name", "user", "queue", "state", "GPUs", "time", "start", "waiting / ended"], rows,
                     "jobs filterable") + more)
     return layout(request, "Jobs", body, refresh=f"{api.PREFIX}/jobs?{api_query}")
 
@@ -359,6 +360,15 @@ async def _log_tails(request: web.Request, job: dict[str, Any]) -> str:
     return "".join(out) or "<p>no learner has started yet</p>"
 
 
+def _forecast(job: dict[str, Any], brief: bool = False) -> str:
+    """A waiting job's forecast start in words (gpurm/common/forecasttext.py); "-" when it has none."""
+    f = job.get("forecast") or {}
+    if not f.get("made_ms") or job["state"] not in ("QUEUED", "ALLOCATING"):
+        return "-"
+    words = forecasttext.short if brief else forecasttext.sentence
+    return words(f["earliest_ms"], f["likely_ms"], f["latest_ms"], f["horizon_ms"], f["made_ms"], time.time())
+
+
 async def job_page(request: web.Request) -> web.Response:
     shell, who = api.shell_of(request), api.caller(request)
     job_id = request.match_info["job_id"]
@@ -375,7 +385,8 @@ async def job_page(request: web.Request) -> web.Response:
         ("GPUs held", e(job["gpus_held"])), ("command", f"<code>{e(command)}</code>"),
         ("workdir", e(spec["workdir"] or "-")), ("submitted", e(when(job["submit_ms"]))),
         ("started", e(when(job["start_ms"]))), ("finished", e(when(job["finish_ms"]))),
-        ("why it waits", e(job["waiting_reason"] or "-")), ("diagnostics", e(job["diagnostics"] or "-")),
+        ("why it waits", e(job["waiting_reason"] or "-")), ("expected start", e(_forecast(job))),
+        ("diagnostics", e(job["diagnostics"] or "-")),
         ("exit code", e(job["exit_code"])), ("preemptions", e(job["preemptions"])),
         ("failures", e(job["failures"]))]
     dl = "".join(f'<dt>{e(k)}</dt><dd id="fact-{e(k.replace(" ", "-"))}">{v}</dd>' for k, v in facts)

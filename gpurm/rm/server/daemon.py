@@ -39,6 +39,7 @@ from gpurm.common.model import Container, Job
 from gpurm.common.tokens import ClusterKeys
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rm.config import RMConfig
+from gpurm.rm.forecast.worker import Forecaster
 from gpurm.rm.sched.pacing import steady_allocate_interval
 from gpurm.rm.security import brokerauth
 from gpurm.rm.security.credentials import Credentials
@@ -139,6 +140,8 @@ class RMShell:
         self.started = time.time()
         self._tasks: set[asyncio.Task[None]] = set()
         # Scheduling passes deferred under load, and the replies that wait for them (rm/server/loops.py).
+        # Start-time forecasts for waiting jobs, replayed in a worker process (rm/forecast/worker.py)
+        self.forecaster = Forecaster(config.forecast, lambda: self.core) if config.forecast.enabled else None
         self.passes = SchedulingPasses(config, self.persist, lambda: self.core, self.mutation, self.metrics)
 
     # ------------------------------------------------------------ persistence and effects
@@ -347,7 +350,12 @@ class RMShell:
     def job_pb(self, job: Job, full: bool = True, preemptible_jobs: set[str] | None = None,
                private: bool = True) -> pb.Job:
         return pbviews.job(self.core, job, self.usage, full=full, preemptible_jobs=preemptible_jobs,
-                           private=private, rightsize=self.rightsize)
+                           private=private, rightsize=self.rightsize, forecasts=self.forecasts_view())
+
+    def forecasts_view(self) -> pbviews.Forecasts | None:
+        """The start forecasts the job views show (None: rm.yaml `forecast.enabled: false`)."""
+        f = self.forecaster
+        return (f.get, f.horizon_s) if f is not None else None
 
     def queues_pb(self) -> pb.ListQueuesResponse:
         return pbviews.queues(self.core, now=time.time())
@@ -439,6 +447,8 @@ class RMShell:
                  asyncio.create_task(loop_lag_loop(self.metrics))]
         if self.leadership is not None:
             tasks.append(asyncio.create_task(self.leadership.keep(stop)))
+        if self.forecaster is not None:
+            tasks.append(asyncio.create_task(self.forecaster.loop()))
         try:
             await stop.wait()
         finally:
@@ -451,6 +461,8 @@ class RMShell:
             await server.stop(grace=self.config.shutdown_grace_s)
             # Ended for sure before the store closes (a cancellation can be lost: gpurm/common/aio.py).
             await stop_tasks([*tasks, *self._tasks], give_up_s=STOP_TASKS_S)
+            if self.forecaster is not None:
+                self.forecaster.close()
             self.publishing.publish_due_job_events()     # before the publisher stops
             await self.agents.close_channels()
             await publisher.stop()

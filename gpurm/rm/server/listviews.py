@@ -50,13 +50,13 @@ class ListViews:
     # ------------------------------------------------------------ jobs
 
     def job_list(self, core: RMCore, records: Sequence[Job], usage: Mapping[str, str],
-                 may_see: Callable[[Job], bool]) -> pb.ListJobsResponse:
+                 may_see: Callable[[Job], bool], forecasts: pbviews.Forecasts | None = None) -> pb.ListJobsResponse:
         """A ListJobs reply holding these jobs as pbviews.job_list shows them (next_page_token, total unset)."""
         keys = [(r.job_id, bool(r.spec.env) and may_see(r)) for r in records]
         parts: list[bytes | None] = [self.jobs.get(k) for k in keys]
         missing = [i for i, p in enumerate(parts) if p is None]
         if missing:
-            built = pbviews.job_list(core, [records[i] for i in missing], usage, may_see)
+            built = pbviews.job_list(core, [records[i] for i in missing], usage, may_see, forecasts)
             for i, msg in zip(missing, built, strict=True):
                 data = msg.SerializeToString()
                 parts[i] = data

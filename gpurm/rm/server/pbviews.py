@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-from gpurm.common.model import Job
+from gpurm.common.model import Job, JobState
 from gpurm.proto import gpurm_pb2 as pb
+from gpurm.rm.forecast.records import Forecast
 from gpurm.rm.server import convert, paging
 from gpurm.rm.state import views
 from gpurm.rm.state.core import RMCore
@@ -15,6 +16,25 @@ from gpurm.rm.state.messages import ErrorCode, RequestError
 from gpurm.rm.state.planview import reserved_server
 
 HIDDEN = "(hidden)"        # an env value shown to someone who is not the job's owner or an admin
+
+# A waiting job's start forecast, if any (rm/forecast/worker.py: Forecaster.get), and its horizon.
+Forecasts = tuple[Callable[[str], Forecast | None], float]
+
+
+def forecast_to_pb(f: Forecast, horizon_s: float) -> pb.StartForecast:
+    """A forecast in Unix milliseconds; 0 for a time beyond the horizon."""
+    return pb.StartForecast(made_ms=convert.ms(f.made_at), earliest_ms=convert.ms(f.earliest or 0.0),
+                            likely_ms=convert.ms(f.likely or 0.0), latest_ms=convert.ms(f.latest or 0.0),
+                            horizon_ms=int(horizon_s * 1000))
+
+
+def _set_forecast(msg: pb.Job, record: Job, forecasts: Forecasts | None) -> None:
+    if forecasts is None or record.state not in (JobState.QUEUED, JobState.ALLOCATING):
+        return
+    get, horizon_s = forecasts
+    f = get(record.job_id)
+    if f is not None:
+        msg.forecast.CopyFrom(forecast_to_pb(f, horizon_s))
 
 
 def cluster_view(core: RMCore, epoch: int, now: float) -> pb.ClusterView:
@@ -28,7 +48,7 @@ def cluster_view(core: RMCore, epoch: int, now: float) -> pb.ClusterView:
 def job(core: RMCore, record: Job, usage: Mapping[str, str], *, full: bool = True,
         preemptible_jobs: set[str] | None = None, private: bool = True,
         rightsize: Mapping[str, str] | None = None,
-        waiting: tuple[bool, int, dict[str, int]] | None = None) -> pb.Job:
+        waiting: tuple[bool, int, dict[str, int]] | None = None, forecasts: Forecasts | None = None) -> pb.Job:
     """`private`: whether the asker may see env values (else each shows as HIDDEN). `full`: every attempt's
     learners (else only the last attempt's). `usage`: the latest usage summary by container id; `rightsize`: the
     latest phase summary by container id; `waiting`: an `ams.wait_context()` shared by a listing."""
@@ -39,6 +59,7 @@ def job(core: RMCore, record: Job, usage: Mapping[str, str], *, full: bool = Tru
     msg = convert.job_to_pb(record, gpus_held=sum(c.gpus for c in live), live_containers=len(live),
                             preemptible=preemptible)
     msg.waiting_reason = views.why_waiting(record, core.ams, core.apps, waiting)
+    _set_forecast(msg, record, forecasts)
     if not record.state.terminal:
         msg.waiting_reason = views.with_notes(msg.waiting_reason, live)   # e.g. its learners' images being pulled
     if not private:
@@ -58,16 +79,16 @@ def job(core: RMCore, record: Job, usage: Mapping[str, str], *, full: bool = Tru
     return msg
 
 
-def job_list(core: RMCore, records: Sequence[Job], usage: Mapping[str, str], may_see: Callable[[Job], bool]
-             ) -> list[pb.Job]:
+def job_list(core: RMCore, records: Sequence[Job], usage: Mapping[str, str], may_see: Callable[[Job], bool],
+             forecasts: Forecasts | None = None) -> list[pb.Job]:
     """A page of jobs as ListJobs shows them (the last attempt's learners only). What each job's view reads of
     the whole cluster (which jobs run on borrowed GPUs, the AM launcher's counts) is computed once per page, and
     only when a job on the page needs it: a page costs O(page), not O(page x jobs)."""
     live = [r for r in records if not r.state.terminal]
     flagged = core.preemptible_jobs() if any(core.live_count(r.job_id) for r in live) else set()
     waiting = core.ams.wait_context() if any(r.job_id not in core.ams.with_am for r in live) else None
-    return [job(core, r, usage, full=False, preemptible_jobs=flagged, private=may_see(r), waiting=waiting)
-            for r in records]
+    return [job(core, r, usage, full=False, preemptible_jobs=flagged, private=may_see(r), waiting=waiting,
+                forecasts=forecasts) for r in records]
 
 
 def queues(core: RMCore, size: int = 0, after: str | None = None, now: float = 0.0) -> pb.ListQueuesResponse:
