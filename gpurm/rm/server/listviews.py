@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from gpurm.common.jsonshape import ITEM_SEPARATOR, to_json_text
 from gpurm.common.model import Job
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rm.server import convert, pbviews
@@ -64,6 +65,13 @@ class ListViews:
                 if record.state.terminal and not core.live_count(record.job_id):
                     self._keep_job(keys[i], data)
         return pb.ListJobsResponse.FromString(_entries([p for p in parts if p is not None]))
+
+    @staticmethod
+    def job_json(reply: pb.ListJobsResponse) -> bytes:
+        """The jobs of a job_list reply as `gpurm jobs -o json` prints them: each one line of JSON text
+        (jsonshape.to_json_text, ASCII), joined by an array's separator. Written here, the command only writes
+        the page out (a 100,000-job listing spent most of the command's CPU writing JSON)."""
+        return ITEM_SEPARATOR.join([to_json_text(j) for j in reply.jobs]).encode("ascii")
 
     def _keep_job(self, key: tuple[str, bool], data: bytes) -> None:
         self.jobs[key] = data

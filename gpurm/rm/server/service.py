@@ -219,6 +219,9 @@ class ClientService(pbg.ClientServicer):
         who = identify(context)
         total = None if name is not None else self.shell.pages.jobs.count(request.queue, request.user)
         reply = self.shell.list_views.job_list(core, jobs, self.shell.usage, lambda j: self.shell.may_see(who, j))
+        if request.json:          # the page as `-o json` prints it: the client only writes it out
+            items = self.shell.list_views.job_json(reply)
+            reply = pb.ListJobsResponse(json_items=items, json_count=len(jobs))
         reply.next_page_token = paging.encode_token(paging.JOBS_UP, last) if last is not None else ""
         reply.total = -1 if total is None or (states and total) else total
         return reply
