@@ -183,9 +183,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for when in ("first", "again"):       # the first listing after a start fills the RM's list views
             result["raw"][f"ListNodes ({when})"] = raw_pages(rm, "ListNodes", pb.ListNodesRequest(page_size=500))
             result["raw"][f"ListJobs ({when})"] = raw_pages(rm, "ListJobs", pb.ListJobsRequest(page_size=500))
-        # What `gpurm jobs -o json` asks for: the pages as JSON text the RM writes (ListJobsRequest.json)
-        result["raw"]["ListJobs as JSON text"] = raw_pages(rm, "ListJobs", pb.ListJobsRequest(page_size=500,
-                                                                                              json=True))
+        # What `gpurm jobs -o json` asks for: the pages as JSON text the RM writes (ListJobsRequest.json); the
+        # first fills the RM's JSON text of the finished jobs, as the first listing above fills their views
+        for when in ("first", "again"):
+            result["raw"][f"ListJobs as JSON ({when})"] = raw_pages(rm, "ListJobs",
+                                                                    pb.ListJobsRequest(page_size=500, json=True))
         commands = COMMANDS + (FILTERED if args.filters else [])
         for label, argv in commands:
             note(f"gpurm {' '.join(argv)} ...")
