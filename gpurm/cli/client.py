@@ -229,7 +229,10 @@ def page_size_arg(args: argparse.Namespace, default: int) -> int:
 
 
 def rows_of(reply: Any) -> int:
-    """The rows a list reply holds: its one repeated list field (nodes, jobs, queues)."""
+    """The rows a list reply holds: its one repeated list field (nodes, jobs, queues), or the items of a ListJobs
+    page the RM wrote as JSON (json_count)."""
+    if getattr(reply, "json_count", 0):
+        return int(reply.json_count)
     for name in ("nodes", "jobs", "queues"):
         if hasattr(reply, name):
             return len(getattr(reply, name))

@@ -232,12 +232,17 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     states = [pb.JobState.Name(pb.JobState.Value(f"JOB_{s}")) for s in args.state]
     limit = args.limit
     request = pb.ListJobsRequest(states=states, queue=args.queue or "", user=args.user or "", limit=limit,
-                                 page_size=min(limit, size) if limit else size, name=getattr(args, "name", "") or "")
+                                 page_size=min(limit, size) if limit else size, name=getattr(args, "name", "") or "",
+                                 json=args.output == "json")
     pages = rm.pages(rm.client.ListJobs, request, limit)
     if args.output == "json":
         with JsonArray() as out:
             for reply in pages:
-                out.extend(reply.jobs[:limit - out.count if limit else None])
+                left = limit - out.count if limit else None
+                if reply.json_count:
+                    out.extend_text(reply.json_items, reply.json_count, left)     # written by the RM
+                else:
+                    out.extend(reply.jobs[:left])        # an RM before ListJobsRequest.json
         return 0
     now = time.time()
     shown = 0

@@ -11,7 +11,7 @@ from typing import Any, TextIO
 from google.protobuf.message import Message
 
 from gpurm.common.fields import format_duration
-from gpurm.common.jsonshape import to_json_text, to_plain
+from gpurm.common.jsonshape import ITEM_SEPARATOR, to_json_text, to_plain
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], out: TextIO | None = None,
@@ -76,14 +76,31 @@ class JsonArray:
         return self
 
     def add(self, value: Any) -> None:
-        self.out.write(("[\n  " if not self.count else ",\n  ") + item_json(value))
+        self.out.write(("[\n  " if not self.count else SEPARATOR) + item_json(value))
         self.count += 1
 
     def extend(self, values: Sequence[Any]) -> None:
         """Items of a page, in one write."""
         if values:
-            self.out.write(("[\n  " if not self.count else ",\n  ") + ",\n  ".join([item_json(v) for v in values]))
+            self.out.write(("[\n  " if not self.count else SEPARATOR) + SEPARATOR.join([item_json(v) for v in values]))
             self.count += len(values)
+
+    def extend_text(self, items: bytes, count: int, most: int | None = None) -> None:
+        """`count` items written already (JSON text, one a line, joined by SEPARATOR: a ListJobs page the RM
+        wrote), the first `most` of them (None: all), written as they are."""
+        if most is not None and count > most:
+            parts = items.split(SEPARATOR_BYTES)[:most]      # an item is one line: the separator is never inside one
+            items, count = SEPARATOR_BYTES.join(parts), len(parts)
+        if not count:
+            return
+        head = b"[\n  " if not self.count else SEPARATOR_BYTES
+        raw = getattr(self.out, "buffer", None)
+        if raw is not None:             # stdout: the bytes as they are, after what the text layer holds
+            self.out.flush()
+            raw.write(head + items)
+        else:
+            self.out.write((head + items).decode())
+        self.count += count
 
     def __exit__(self, *exc: object) -> None:
         self.out.write("[]\n" if not self.count else "\n]\n")
@@ -101,6 +118,8 @@ def to_json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=False, default=str)
 
 
+SEPARATOR = ITEM_SEPARATOR
+SEPARATOR_BYTES = SEPARATOR.encode()
 _ITEM = json.JSONEncoder(default=str).encode     # one encoder for every item (json.dumps makes one a call)
 
 

@@ -249,6 +249,9 @@ def _json_writer(descriptor: Any) -> Callable[[Message], str]:
     return writer
 
 
+ITEM_SEPARATOR = ",\n  "     # between the items of a listed array as `-o json` prints it (one item a line)
+
+
 def to_json_text(msg: Message) -> str:
     """`msg` as JSON text on one line: exactly json.dumps(to_plain(msg)), several times faster."""
     return _json_writer(msg.DESCRIPTOR)(msg)

@@ -874,7 +874,7 @@ class GetJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("states", "queue", "user", "limit", "page_size", "page_token", "name")
+    __slots__ = ("states", "queue", "user", "limit", "page_size", "page_token", "name", "json")
     STATES_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
@@ -882,6 +882,7 @@ class ListJobsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
     states: _containers.RepeatedScalarFieldContainer[JobState]
     queue: str
     user: str
@@ -889,7 +890,8 @@ class ListJobsRequest(_message.Message):
     page_size: int
     page_token: str
     name: str
-    def __init__(self, states: _Optional[_Iterable[_Union[JobState, str]]] = ..., queue: _Optional[str] = ..., user: _Optional[str] = ..., limit: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+    json: bool
+    def __init__(self, states: _Optional[_Iterable[_Union[JobState, str]]] = ..., queue: _Optional[str] = ..., user: _Optional[str] = ..., limit: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., name: _Optional[str] = ..., json: _Optional[bool] = ...) -> None: ...
 
 class AccountingRequest(_message.Message):
     __slots__ = ("by", "since_ms", "until_ms", "users", "queues")
@@ -951,14 +953,18 @@ class AccountingResponse(_message.Message):
     def __init__(self, rows: _Optional[_Iterable[_Union[AccountingRow, _Mapping]]] = ..., total: _Optional[_Union[AccountingRow, _Mapping]] = ..., since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
-    __slots__ = ("jobs", "next_page_token", "total")
+    __slots__ = ("jobs", "next_page_token", "total", "json_items", "json_count")
     JOBS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
+    JSON_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    JSON_COUNT_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[Job]
     next_page_token: str
     total: int
-    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., total: _Optional[int] = ...) -> None: ...
+    json_items: bytes
+    json_count: int
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., total: _Optional[int] = ..., json_items: _Optional[bytes] = ..., json_count: _Optional[int] = ...) -> None: ...
 
 class KillJobRequest(_message.Message):
     __slots__ = ("job_id", "reason")

@@ -97,7 +97,7 @@ def raw_pages(rm: RMProcess, method: str, request: Any) -> dict[str, Any]:
         reply = call(request, metadata=rm.metadata, timeout=120)
         pages += 1
         first = first or time.perf_counter() - began
-        rows += len(reply.nodes) if method == "ListNodes" else len(reply.jobs)
+        rows += len(reply.nodes) if method == "ListNodes" else len(reply.jobs) or reply.json_count
         if not reply.next_page_token:
             break
         request.page_token = reply.next_page_token
@@ -183,6 +183,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for when in ("first", "again"):       # the first listing after a start fills the RM's list views
             result["raw"][f"ListNodes ({when})"] = raw_pages(rm, "ListNodes", pb.ListNodesRequest(page_size=500))
             result["raw"][f"ListJobs ({when})"] = raw_pages(rm, "ListJobs", pb.ListJobsRequest(page_size=500))
+        # What `gpurm jobs -o json` asks for: the pages as JSON text the RM writes (ListJobsRequest.json); the
+        # first fills the RM's JSON text of the finished jobs, as the first listing above fills their views
+        for when in ("first", "again"):
+            result["raw"][f"ListJobs as JSON ({when})"] = raw_pages(rm, "ListJobs",
+                                                                    pb.ListJobsRequest(page_size=500, json=True))
         commands = COMMANDS + (FILTERED if args.filters else [])
         for label, argv in commands:
             note(f"gpurm {' '.join(argv)} ...")

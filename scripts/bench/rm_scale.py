@@ -444,10 +444,12 @@ def _run(args: argparse.Namespace, work: Path, result: dict[str, Any], store_url
             t0 = time.perf_counter()
             spy = start_profile(rm.proc.pid, args.profile) if args.profile else None   # type: ignore[union-attr]
             ids, lat, secs = asyncio.run(submit_all(rm.address, args.jobs, args.clients, args.sizes, args.queues))
+            burst_cpu = proc_usage(rm.proc.pid)[1] - cpu0      # type: ignore[union-attr]
             if spy is not None:
                 stop_profile(spy)
                 result["profile"] = profile_summary(args.profile)
             result.update(submits=len(ids), submit_s=secs, submits_per_s=len(ids) / secs,
+                          rm_cpu_per_submit_ms=1000 * burst_cpu / max(len(ids), 1),
                           submit_p50_ms=pct(lat, .5) * 1000, submit_p99_ms=pct(lat, .99) * 1000)
             note(f"{len(ids)} submits in {secs:.1f}s ({len(ids) / secs:.0f}/s); waiting for their jobs to finish ...")
             if not args.submit_only:
@@ -507,6 +509,8 @@ def table(r: dict[str, Any]) -> str:
                                            f"{lost.get('gpurm_containers_lost_total', 0):.0f}"),
         ("acknowledged submits/s", f"{r['submits_per_s']:.0f} ({r['submits']} jobs, {r['clients']} clients; "
                                    f"p50 {r['submit_p50_ms']:.1f} ms, p99 {r['submit_p99_ms']:.1f} ms)"),
+        ("RM CPU per acknowledged submit", f"{r['rm_cpu_per_submit_ms']:.2f} ms (the RM's CPU during the burst, "
+                                           "its heartbeats and AM launches included, / submits)"),
         ("submit to granted p50 / p99", f"{r['probe']['granted_p50_ms']:.0f} / {r['probe']['granted_p99_ms']:.0f} "
                                         f"ms ({r['probe']['granted']} jobs submitted one by one)"),
         ("allocate p50 / p99, AMs' side", f"{s['allocate_p50_ms']:.1f} / {s['allocate_p99_ms']:.1f} ms "

@@ -8,6 +8,7 @@ heartbeat allows 5 minutes), and the jobs wait for AMs that never start, which i
 from __future__ import annotations
 
 import html
+import io
 import json
 import re
 import subprocess
@@ -21,6 +22,7 @@ from typing import Any
 import grpc
 import pytest
 
+from gpurm.cli.output import JsonArray
 from gpurm.common.callers import USER_KEY
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.proto import gpurm_pb2_grpc as pbg
@@ -182,6 +184,35 @@ def test_gpurm_jobs_pages_through_limit_and_json(rm: RMProcess) -> None:
     assert json.loads(gpurm(rm, "jobs", "--user", "nobody", "-o", "json")) == []
     listed = json.loads(gpurm(rm, "jobs", "-o", "json", "--limit", "0", "--page-size", "2", "--user", "carol"))
     assert [j["spec"]["name"] for j in listed] == [f"p{i}" for i in range(JOBS) if i % 3]
+
+
+def test_jobs_json_the_rm_writes_is_what_the_command_writes_from_the_messages(rm: RMProcess) -> None:
+    """`gpurm jobs -o json` asks the RM for its pages as JSON text (ListJobsRequest.json): the document is the one
+    the command writes itself from the Job messages (an RM before that field), byte for byte, across pages, and with
+    a limit that cuts a page."""
+    def from_messages(limit: int) -> str:
+        out = io.StringIO()
+        request = pb.ListJobsRequest(limit=limit, page_size=4)
+        with JsonArray(out) as array:
+            while True:
+                reply = rm.client.ListJobs(request, metadata=rm.metadata, timeout=10)
+                assert not reply.json_items and not reply.json_count
+                array.extend(reply.jobs)
+                if not reply.next_page_token:
+                    break
+                request = pb.ListJobsRequest(page_token=reply.next_page_token, page_size=4)
+        return out.getvalue()
+
+    reply = rm.client.ListJobs(pb.ListJobsRequest(page_size=4, json=True), metadata=rm.metadata, timeout=10)
+    assert not reply.jobs and reply.json_count == 4 and reply.json_items.count(b"\n") == 3
+    expected = from_messages(0)
+    assert gpurm(rm, "jobs", "--all", "-o", "json", "--page-size", "4") == expected
+    assert len(json.loads(expected)) == JOBS
+    assert gpurm(rm, "jobs", "--limit", "6", "-o", "json", "--page-size", "4") == from_messages(6)
+    out = io.StringIO()
+    with JsonArray(out) as array:
+        array.extend_text(reply.json_items, reply.json_count, most=3)     # a page cut short by --limit
+    assert [j["job_id"] for j in json.loads(out.getvalue())] == [j["job_id"] for j in json.loads(expected)[:3]]
 
 
 # ---------------------------------------------------------------- REST

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpurm.common.jobspec import JobSpec
+from gpurm.common.jsonshape import to_json_text
 from gpurm.common.model import Job, JobState
 from gpurm.proto import gpurm_pb2 as pb
 from gpurm.rm.server import convert, listfilters, paging, pbviews
@@ -112,3 +113,18 @@ def test_a_filtered_node_page_looks_at_a_bounded_number_and_goes_on() -> None:
         page, last = index.page(core.cluster.nodes, 5, last, far, scan=4)
         seen += [n.node_id for n in page]
     assert seen == ["n9"]
+
+
+def test_a_json_page_is_each_view_as_json_text_and_a_finished_job_s_text_is_kept() -> None:
+    core = cluster(1)
+    done = finished(core, 100, {"K": "v"})
+    live = core.submit(JobSpec(gpus=1, command=["true"]), "alice", now=2.0)
+    views = ListViews()
+    for _ in range(2):                      # built, then the finished job's text from what was kept
+        for private in (True, False):
+            page = views.job_json(core, [done, live], {}, lambda j, p=private: p)
+            expected = [to_json_text(m) for m in pbviews.job_list(core, [done, live], {}, lambda j, p=private: p)]
+            assert page == ",\n  ".join(expected).encode()
+            assert (b'"K": "v"' in page) is private
+    assert set(views.jobs_json) == {(done.job_id, True), (done.job_id, False)}, "only the finished job is kept"
+    assert views.job_json(core, [], {}, lambda j: True) == b""

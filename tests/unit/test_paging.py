@@ -295,6 +295,31 @@ def test_queue_pages_walk_the_tree_in_order() -> None:
 # ---------------------------------------------------------------- the CLI's streaming output
 
 
+def test_pages_of_json_text_written_by_the_rm_make_the_same_array_on_text_and_binary_outputs() -> None:
+    items = [{"a": 1, "s": "x,\n  y"}, {"a": 2}, {"a": 3}, {"a": 4}]
+    out = io.StringIO()
+    with JsonArray(out) as arr:
+        arr.extend(items)
+
+    def text(part: list[dict[str, object]]) -> bytes:
+        return ",\n  ".join(json.dumps(i) for i in part).encode()
+
+    for make in (io.StringIO, lambda: io.TextIOWrapper(io.BytesIO(), encoding="utf-8")):
+        sink = make()
+        with JsonArray(sink) as arr:
+            arr.add(items[0])                                  # an item written here, then pages from the RM
+            arr.extend_text(text(items[1:3]), 2)
+            arr.extend_text(b"", 0)
+            arr.extend_text(text(items[3:]) + b",\n  " + text([{"a": 5}]), 2, most=1)   # cut by --limit
+        assert arr.count == 4
+        if isinstance(sink, io.TextIOWrapper):
+            sink.flush()
+            written = sink.buffer.getvalue().decode()    # type: ignore[attr-defined]
+        else:
+            written = sink.getvalue()
+        assert written == out.getvalue()
+
+
 def test_a_streamed_json_array_is_the_text_print_json_writes() -> None:
     items = [{"a": 1, "b": [1, 2]}, {"a": 2, "b": []}, {"c": "x"}]
     for n in (0, 1, 3):

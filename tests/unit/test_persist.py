@@ -4,6 +4,7 @@ stops writes until the store works again. A real SQLite store made read-only (PR
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,41 @@ def test_a_failed_save_raises_the_write_error_not_the_rollbacks(tmp_path: Path) 
         store.save([], [], [], {"k": "v"})
     store._db.execute("PRAGMA query_only=0")
     assert "k" not in store.load().meta
+
+
+async def test_the_commits_of_one_turn_of_the_loop_go_to_the_writer_as_one_batch_and_are_answered_once_written(
+        tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "state.db")
+    persist = Persister(store, tmp_path, lambda: None)
+    answered: list[str] = []
+
+    async def request(key: str) -> None:
+        await persist.commit(rows([], [], [], {key: "v"}))
+        answered.append(key)
+
+    batches = persist.writer.batches
+    await asyncio.gather(*(request(f"k{i}") for i in range(20)))
+    assert sorted(answered) == sorted(f"k{i}" for i in range(20))
+    assert persist.writer.batches - batches == 1, "20 requests of one turn: one hand-over"
+    assert all(store.load().meta[f"k{i}"] == "v" for i in range(20)), "answered only once on disk"
+    # A call (retention's own transaction) runs after the batches committed before it.
+    waiting = asyncio.ensure_future(persist.commit(rows([], [], [], {"order": "batch"})))
+    await asyncio.sleep(0)                # the batch is waiting for its turn's hand-over
+    seen = await asyncio.wrap_future(persist.call(lambda: store.load().meta.get("order")))
+    assert seen == "batch"
+    await waiting
+    persist.close()
+
+
+async def test_a_failed_group_fails_every_request_in_it(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "state.db")
+    failures: list[int] = []
+    persist = Persister(store, tmp_path, lambda: failures.append(1))
+    store._db.execute("PRAGMA query_only=1")
+    results = await asyncio.gather(*(persist.commit(rows([], [], [], {f"k{i}": "v"})) for i in range(5)),
+                                   return_exceptions=True)
+    assert all(isinstance(r, RequestError) and r.code is ErrorCode.UNAVAILABLE for r in results)
+    assert failures == [1], "memory rolled back once"
+    store._db.execute("PRAGMA query_only=0")
+    assert not any(k.startswith("k") for k in store.load().meta)
+    persist.close()

@@ -76,3 +76,26 @@ def test_a_spread_job_stays_spread_and_an_old_record_without_the_field_is_a_pack
     db.close()
     (old,) = SqliteStore(path).load().jobs
     assert old.spec.placement is Placement.PACK
+
+
+def test_a_record_dumps_as_the_generic_walk_does() -> None:
+    """to_dict's generated per-class dumpers (rm/storage/records.py) give the generic walk's dict: enums by name,
+    nested records, lists, dicts with their keys as text, sets sorted."""
+    import dataclasses
+    import enum
+
+    from gpurm.common.jobspec import JobSpec
+    from gpurm.common.model import Job, JobState
+    from gpurm.rm.storage.records import _dump, to_dict
+
+    def walk(value: object) -> object:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: walk(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, enum.Enum):
+            return value.name
+        return _dump(value)
+
+    job = Job(job_id="job-7", spec=JobSpec(gpus=2, command=["a", "b"], env={"K": "v"}), user="u", queue="root.q",
+              submit_time=1.5, seq=7, state=JobState.RUNNING, am_registered=[3, 1])
+    assert to_dict(job) == walk(job)
+    assert to_dict(job)["state"] == "RUNNING" and to_dict(job)["spec"]["env"] == {"K": "v"}

@@ -19,3 +19,12 @@ def test_a_log_record_stays_one_line() -> None:
     record = logging.LogRecord("gpurm", logging.INFO, __file__, 1, "learner said %s", ("x\n2026 ERROR fake",), None)
     line = SafeFormatter("%(levelname)s %(message)s").format(record)
     assert line == "INFO learner said x\\n2026 ERROR fake"
+
+
+def test_the_safe_formatter_writes_logging_s_own_time_text() -> None:
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    safe, plain = SafeFormatter(fmt), logging.Formatter(fmt)
+    record = logging.LogRecord("gpurm.x", logging.INFO, "p", 1, "job %s", ("job-1",), None)
+    for created in (1.0, 1795866989.0004, 1795866989.3557968, 1795866989.9999, 1795866990.5):
+        record.created, record.msecs = created, float(int((created - int(created)) * 1000))
+        assert safe.format(record) == plain.format(record)

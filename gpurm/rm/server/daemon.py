@@ -23,11 +23,10 @@ The process around it (signals, watchdog, exit codes) is rm/server/process.py.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,9 +87,18 @@ INSECURE_WARNING = ("INSECURE MODE: no mTLS (no tls: section in rm.yaml). Identi
 
 @dataclass
 class Mutation:
-    """What a request writes besides the core's changed records (e.g. the queue config it applied)."""
+    """What a request writes besides the core's changed records (e.g. the queue config it applied); as an async
+    context manager (RMShell.mutation), it persists and carries out the request's changes when its body ends (a
+    class, not a generator: every mutating request enters one)."""
 
+    flush: Callable[[Mutation], Awaitable[None]]
     meta: dict[str, str] = field(default_factory=dict)
+
+    async def __aenter__(self) -> Mutation:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.flush(self)
 
 
 class RMShell:
@@ -146,17 +154,12 @@ class RMShell:
 
     # ------------------------------------------------------------ persistence and effects
 
-    @contextlib.asynccontextmanager
-    async def mutation(self) -> AsyncIterator[Mutation]:
-        """Run a core call (the body: no awaits in it), then persist its changes and carry out its effects before
-        the caller replies. While the store refuses writes: RequestError(UNAVAILABLE) before anything changes
-        (rm/storage/persist.py)."""
+    def mutation(self) -> Mutation:
+        """`async with` it: run a core call (the body: no awaits in it), then persist its changes and carry out its
+        effects before the caller replies. While the store refuses writes: RequestError(UNAVAILABLE) before
+        anything changes (rm/storage/persist.py)."""
         self.persist.check_writable()
-        m = Mutation()
-        try:
-            yield m
-        finally:
-            await self.flush(m)
+        return Mutation(self.flush)
 
     async def flush(self, m: Mutation | None = None) -> None:
         """Write what changed, then carry out the core's effects; nothing is carried out unless written. What is

@@ -50,7 +50,7 @@ class FinishedJobs:
             return 0
         try:
             # On the writer thread, after the writes queued before it (the jobs' last saves among them).
-            purged = await asyncio.wrap_future(self.persist.writer.call(
+            purged = await asyncio.wrap_future(self.persist.call(
                 lambda: self.store.retire(p.retired, p.purge_before, self.retention.settings.batch)))
         except StoreWriteError as exc:
             self.retention.give_back(p)    # memory still holds them; the next pass tries again

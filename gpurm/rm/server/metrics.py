@@ -168,6 +168,7 @@ class RMMetrics:
                                           registry=self.registry, buckets=LATENCY_BUCKETS)
         self.rpc_seconds = Histogram("gpurm_rpc_seconds", "gRPC handling time by method and status",
                                      ["method", "code"], registry=self.registry, buckets=LATENCY_BUCKETS)
+        self._rpc_children: dict[tuple[str, str], Histogram] = {}
         self.loop_lag_seconds = Histogram("gpurm_event_loop_lag_seconds", "How late the RM's event loop runs a "
                                           "timer (every request and heartbeat waits this long first)",
                                           registry=self.registry, buckets=LATENCY_BUCKETS)
@@ -176,7 +177,10 @@ class RMMetrics:
         self.leader = leader_gauge(self.registry, True)
 
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
-        self.rpc_seconds.labels(method, code).observe(seconds)
+        child = self._rpc_children.get((method, code))
+        if child is None:        # labels() takes a lock and builds its key each call: once per method and status
+            child = self._rpc_children[(method, code)] = self.rpc_seconds.labels(method, code)
+        child.observe(seconds)
         if method == "Allocate":
             self.allocate_seconds.observe(seconds)
 

@@ -218,8 +218,13 @@ class ClientService(pbg.ClientServicer):
                                      size=size, after=after, newest=newest, name=name)
         who = identify(context)
         total = None if name is not None else self.shell.pages.jobs.count(request.queue, request.user)
-        reply = self.shell.list_views.job_list(core, jobs, self.shell.usage, lambda j: self.shell.may_see(who, j),
-                                               self.shell.forecasts_view())
+        views, forecasts = self.shell.list_views, self.shell.forecasts_view()
+        if request.json:          # the page as `-o json` prints it: the client only writes it out
+            reply = pb.ListJobsResponse(json_items=views.job_json(core, jobs, self.shell.usage,
+                                                                   lambda j: self.shell.may_see(who, j), forecasts),
+                                        json_count=len(jobs))
+        else:
+            reply = views.job_list(core, jobs, self.shell.usage, lambda j: self.shell.may_see(who, j), forecasts)
         reply.next_page_token = paging.encode_token(paging.JOBS_UP, last) if last is not None else ""
         reply.total = -1 if total is None or (states and total) else total
         return reply

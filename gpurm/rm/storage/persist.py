@@ -19,16 +19,21 @@ The rules (docs/security.md, "The RM's store"):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import TypeVar
 
 from gpurm.queues.tree import QueueTree
 from gpurm.rm.state.core import RMCore
 from gpurm.rm.state.messages import ErrorCode, RequestError, RMSettings
 from gpurm.rm.storage.store import RMStore, Rows, Snapshot, StoreWriteError, rows
 from gpurm.rm.storage.writer import StoreWriter
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +55,7 @@ class Persister:
         self.writer = StoreWriter(store)
         self.state_dir = state_dir
         self.on_failure = on_failure
+        self._pending: list[tuple[Rows, asyncio.Future[None]]] = []    # this turn of the loop's batches
         self.error = ""          # non-empty while writes are refused
         self.since = 0.0
         self.failures = 0
@@ -65,14 +71,45 @@ class Persister:
 
     async def commit(self, batch: Rows) -> None:
         """Wait until `batch` is on disk (group commit, off the event loop), or fail the request:
-        RequestError(UNAVAILABLE) with the reason, memory rolled back."""
+        RequestError(UNAVAILABLE) with the reason, memory rolled back.
+
+        The batches of one turn of the event loop go to the writer together, as one batch (merged in order: a
+        later batch's version of a record wins, as in one transaction), and are answered together: one hand-over
+        and one wake-up of the loop per group, not per request (at 1,000 submits a second these were a tenth of
+        the submit's cost). A request is answered only after its group's transaction is on disk."""
         if not batch:
             return
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        if not self._pending:
+            loop.call_soon(self.hand_over)
+        self._pending.append((batch, done))
         try:
-            await asyncio.wrap_future(self.writer.commit(batch))
+            await done
         except StoreWriteError as exc:
             self._failed(str(exc))
             raise RequestError(ErrorCode.UNAVAILABLE, self.error) from None
+
+    def hand_over(self) -> None:
+        """Give the batches waiting for this turn of the loop to the writer (call before anything that must be
+        written after them: `call`, `close`)."""
+        group, self._pending = self._pending, []
+        if not group:
+            return
+        written = self.writer.commit(merge([batch for batch, _ in group]))
+        loop = group[0][1].get_loop()
+
+        def wake(_: object) -> None:           # on the writer thread: one wake-up of the loop for the group
+            with contextlib.suppress(RuntimeError):        # the loop closed: nobody waits any more
+                loop.call_soon_threadsafe(_answer, group, written)
+
+        written.add_done_callback(wake)
+
+    def call(self, write: Callable[[], T]) -> Future[T]:
+        """Run `write` (a store method that commits its own transaction) on the writer thread, after every batch
+        committed before it (StoreWriter.call)."""
+        self.hand_over()
+        return self.writer.call(write)
 
     def _failed(self, error: str) -> None:
         if self.error:
@@ -102,8 +139,36 @@ class Persister:
 
     def close(self) -> None:
         """Finish the queued writes, then close the store."""
+        if self._pending:
+            self.hand_over()
         self.writer.close()
         self.store.close()
+
+
+def merge(batches: list[Rows]) -> Rows:
+    """Several requests' rows as one batch, in order."""
+    if len(batches) == 1:
+        return batches[0]
+    out = Rows()
+    for b in batches:
+        out.jobs += b.jobs
+        out.containers += b.containers
+        out.nodes += b.nodes
+        out.meta += b.meta
+    return out
+
+
+def _answer(group: list[tuple[Rows, asyncio.Future[None]]], written: Future[None]) -> None:
+    """Answer the requests of a group once its transaction is done (a request that went away meanwhile is not
+    answered; its rows are written all the same)."""
+    exc = written.exception()
+    for _, done in group:
+        if done.done():
+            continue
+        if exc is None:
+            done.set_result(None)
+        else:
+            done.set_exception(StoreWriteError(str(exc)))
 
 
 def rebuild_core(store: RMStore, settings: RMSettings, tree: QueueTree, old: RMCore, now: float,
