@@ -17,6 +17,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -30,14 +31,27 @@ from gpurm.rm.state.core import RMCore
 log = logging.getLogger("gpurm.rm.server.daemon")
 
 WORKER_NICE = 10
+PARENT_POLL_S = 1.0      # how often a worker checks that its RM still lives
 
 # What travels back from the worker: (job id, earliest, likely, latest) per job, and the CPU seconds the round took.
 Rows = list[tuple[str, float | None, float | None, float | None]]
 
 
-def _init_worker() -> None:
+def _init_worker(rm_pid: int) -> None:
+    """`rm_pid`: the RM's, named by the RM itself (had it died while this process was still importing, its parent
+    would already be another)."""
     with contextlib.suppress(OSError):
         os.nice(WORKER_NICE)
+    threading.Thread(target=_exit_with_parent, args=(rm_pid,), name="forecast-parent-watch", daemon=True).start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this worker once the RM that started it is gone. A process pool's worker holds both ends of its own
+    call queue, so it never reads an end of file when the RM dies uncleanly (SIGKILL, OOM): it would wait forever,
+    and every restart of the RM would leave one more behind."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(0)
 
 
 def run_round(snap: Snapshot, settings: ForecastSettings) -> tuple[Rows, float, int]:
@@ -88,7 +102,7 @@ class Forecaster:
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_init_worker)
+                                             initializer=_init_worker, initargs=(os.getpid(),))
         return self._pool
 
     async def round(self) -> bool:
