@@ -46,7 +46,7 @@ class FenceTiming:
                                  f"({shortest:g}s), or one late beat stops every container; raise "
                                  "heartbeat.missed_beats (or set heartbeat.lease)"))
         elif self.expiry_s < self.fenced_by_s:
-            beats = int(-(-self.fenced_by_s // self.interval_s))
+            beats = beats_for_lease(self.lease_s, self.interval_s, self.grace_s)
             out.append(("missed_beats", f"the node expiry (interval x missed_beats = {self.expiry_s:g}s) must be "
                                         f"at least the agents' lease ({self.lease_s:g}s) + fence_grace "
                                         f"({self.grace_s:g}s) + a margin of one interval + {MARGIN_FIXED_S:g}s "
@@ -88,8 +88,9 @@ def takeover_lease_s(takeover_s: float, interval_s: float) -> float:
 
 
 def beats_for_lease(lease_s: float, interval_s: float, grace_s: float) -> int:
-    """The fewest missed_beats whose expiry lets the agents hold `lease_s` (expiry >= lease + grace + margin)."""
-    return int(-(-(lease_s + grace_s + interval_s + MARGIN_FIXED_S) // interval_s))
+    """The fewest missed_beats whose expiry lets the agents hold `lease_s` (expiry >= lease + grace + margin:
+    `FenceTiming.fenced_by_s`)."""
+    return int(-(-FenceTiming(interval_s, 0.0, lease_s, grace_s).fenced_by_s // interval_s))
 
 
 class Lease:
