@@ -12,9 +12,10 @@ from gpurm.cli.output import print_json, table
 from gpurm.common.fields import format_duration, parse_duration
 from gpurm.queues.tree import Borrowing, Policy
 from gpurm.rm.forecast.records import ForecastSettings
+from gpurm.rm.sched.behind import MAX_BEHIND
 from gpurm.rm.sched.history import DEFAULT_CONDITIONING, LEVELS
 from gpurm.rm.sched.prior import PriorError, load_prior
-from gpurm.rm.state.messages import RESERVATIONS
+from gpurm.rm.state.messages import RESERVATIONS, RESERVE_BEHIND
 from gpurm.sim.metrics import LOCALITY_CLASSES, SIZE_CLASSES
 from gpurm.sim.options import RelaxPolicy
 from gpurm.sim.run import SimInputError, SimRequest, run
@@ -79,6 +80,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reserve-after", metavar="DURATION",
                    help="a waiting job may get a reservation once it has waited this long (rm.yaml "
                         "scheduler.reserve_after; e.g. 10m); default 0")
+    p.add_argument("--reserve-behind", type=float, default=RESERVE_BEHIND, metavar="K",
+                   help="a waiting job may get a reservation once it has waited K times what the one-GPU jobs "
+                        "recently queued (at least 600 s; rm.yaml scheduler.reserve_behind; 0: as soon as it does "
+                        f"not fit); default {RESERVE_BEHIND:g}")
     p.add_argument("--history-by", choices=list(LEVELS), default=DEFAULT_CONDITIONING, metavar="LEVEL",
                    help="what run-time estimates and gittins condition on: none, gpus, queue (and GPUs) or full "
                         f"(user and job name, then queue and GPUs; rm.yaml scheduler.history.group_by); default "
@@ -113,6 +118,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
     reserve_after = _duration_flag("--reserve-after", args.reserve_after)
     if args.reservations < 0:
         raise CliError(f"--reservations: must be 0 or more, got {args.reservations}")
+    if not 0 <= args.reserve_behind <= MAX_BEHIND:
+        raise CliError(f"--reserve-behind: must be 0 to {MAX_BEHIND:g}, got {args.reserve_behind:g}")
     try:
         prior = load_prior(Path(args.history_prior)) if args.history_prior else ()
     except PriorError as exc:
@@ -134,6 +141,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
                      checkpoint_interval_s=checkpoint, restart_cost_s=restart, relax=RelaxPolicy(args.relax),
                      elastic_share=args.elastic_share, elastic_max=args.elastic_max,
                      reservations=args.reservations, reserve_after_s=reserve_after or 0.0,
+                     reserve_behind=args.reserve_behind,
                      history_by=args.history_by, history_prior=prior, forecast=args.forecast,
                      forecast_settings=fsettings)
     if req.plots:

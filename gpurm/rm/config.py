@@ -16,6 +16,7 @@ from gpurm.common.limits import ServerLimits, read_limits
 from gpurm.common.retry import AM_POLICY
 from gpurm.common.tls import TLSConfig, read_tls_section
 from gpurm.rm.forecast.config import ForecastConfig, read_forecast_section
+from gpurm.rm.sched.behind import MAX_BEHIND
 from gpurm.rm.sched.history import LEVELS
 from gpurm.rm.sched.prior import PriorError, load_prior
 from gpurm.rm.server.leadership import takeover_within_s
@@ -194,6 +195,7 @@ def load_rm_config(path: Path | None, overrides: dict[str, Any] | None = None) -
     s.am_launch_coalesce_s = cfg.scheduler_interval_s     # a burst of submits: one AM launch per interval
     s.reservations = sch.integer("reservations", s.reservations, minimum=0, maximum=MAX_RESERVATIONS)
     s.reserve_after_s = sch.duration("reserve_after", s.reserve_after_s)
+    s.reserve_behind = sch.number("reserve_behind", s.reserve_behind, minimum=0.0, maximum=MAX_BEHIND)
     read_history_section(sch.section("history"), s, path.parent if path is not None else None)
     sch.reject_unknown()
     if s.heartbeat_interval_s <= 0:

@@ -80,7 +80,8 @@ class Engine:
             kill_grace_s=0.0, inqueue_preemption=policy is None or priority.preemptive(policy),
             inqueue_min_run_s=options.inqueue_min_run_s, las_thresholds_gpu_s=options.las_thresholds_gpu_s,
             reservations=options.reservations,
-            reserve_after_s=options.reserve_after_s, history_conditioning=options.history_by,
+            reserve_after_s=options.reserve_after_s, reserve_behind=options.reserve_behind,
+            history_conditioning=options.history_by,
             history_prior=options.history_prior)
         if options.borrowing is not None and options.borrowing is not tree.borrowing:
             tree = dataclasses.replace(tree, borrowing=options.borrowing)   # `--borrowing`: the config's own else
@@ -166,7 +167,10 @@ class Engine:
         wall = time.perf_counter() - t0
         return SimResult(results, timeline, self.capacity, wall, self.n_events, self.n_settles,
                          sum(r.preemptions for r in results), borrowing=self.core.queues.tree.borrowing.value,
-                         borrow_preemptions=self.core.borrow.preemptions)
+                         borrow_preemptions=self.core.borrow.preemptions,
+                         extra={"reservations": {"made": self.core.reservations.made,
+                                                 "expired": self.core.reservations.expired,
+                                                 "idle_gpu_h": self.core.reservations.idle_gpu_s / 3600}})
 
     def handle(self, now: float, kind: int, payload: object) -> bool:
         """Apply one event; False when it turned out to change nothing (a stale timer), so no settle is due."""

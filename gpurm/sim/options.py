@@ -10,7 +10,7 @@ from gpurm.common.jobspec import Locality
 from gpurm.queues.tree import Borrowing, Policy
 from gpurm.rm.sched.history import DEFAULT_CONDITIONING, Finished
 from gpurm.rm.sched.priority import LAS_THRESHOLDS_GPU_S
-from gpurm.rm.state.messages import RESERVATIONS, RESERVE_AFTER_S
+from gpurm.rm.state.messages import RESERVATIONS, RESERVE_AFTER_S, RESERVE_BEHIND
 from gpurm.sim.metrics import JobResult, Timeline
 from gpurm.sim.runtime import RuntimeConfig
 
@@ -44,6 +44,7 @@ class SimOptions:
     relax: RelaxPolicy = RelaxPolicy.TIMEOUT
     reservations: int = RESERVATIONS        # rm.yaml scheduler.reservations (rm/sched/reservations.py)
     reserve_after_s: float = RESERVE_AFTER_S
+    reserve_behind: float = RESERVE_BEHIND  # rm.yaml scheduler.reserve_behind (rm/sched/behind.py)
     history_by: str = DEFAULT_CONDITIONING        # rm.yaml scheduler.history.group_by
     history_prior: tuple[Finished, ...] = ()      # scheduler.history.prior
 

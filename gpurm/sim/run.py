@@ -25,7 +25,7 @@ from gpurm.queues.config import parse_queues
 from gpurm.queues.tree import Borrowing, Policy, QueueDef, QueueTree
 from gpurm.rm.forecast.records import ForecastSettings
 from gpurm.rm.sched.history import DEFAULT_CONDITIONING, Finished
-from gpurm.rm.state.messages import RESERVATIONS, RESERVE_AFTER_S
+from gpurm.rm.state.messages import RESERVATIONS, RESERVE_AFTER_S, RESERVE_BEHIND
 from gpurm.sim import metrics
 from gpurm.sim.clusterspec import SimServer, parse_cluster, total_gpus
 from gpurm.sim.engine import Engine
@@ -65,6 +65,7 @@ class SimRequest:
     elastic_max: float = 2.0          # ... growing up to this many times their GPUs
     reservations: int = RESERVATIONS       # reservations at once (rm/sched/reservations.py)
     reserve_after_s: float = RESERVE_AFTER_S
+    reserve_behind: float = RESERVE_BEHIND     # reserve only for a job waiting this many times the one-GPU jobs'
     history_by: str = DEFAULT_CONDITIONING     # what the history conditions on (rm/sched/history.py LEVELS)
     history_prior: tuple[Finished, ...] = ()   # finished jobs it starts from (rm/sched/prior.py)
     forecast: int = 0                 # forecast the start of at most this many jobs at submission (0: none)
@@ -197,8 +198,8 @@ def _run(req: SimRequest, progress: Progress | None, forecast_progress: Forecast
     options = SimOptions(policy=req.policy, borrowing=req.borrowing,
                          failures_per_1000_gpu_h=req.failures_per_1000_gpu_h, seed=req.seed,
                          runtime=config, relax=req.relax, reservations=req.reservations,
-                         reserve_after_s=req.reserve_after_s, history_by=req.history_by,
-                         history_prior=req.history_prior)
+                         reserve_after_s=req.reserve_after_s, reserve_behind=req.reserve_behind,
+                         history_by=req.history_by, history_prior=req.history_prior)
     engine = Engine(trace, servers, tree, options)
     forecasts = SubmitForecasts(engine, req.forecast, req.forecast_settings, forecast_progress) if req.forecast \
         else None
@@ -215,6 +216,7 @@ def _run(req: SimRequest, progress: Progress | None, forecast_progress: Forecast
         "elastic_share": req.elastic_share, "elastic_max": req.elastic_max,
         "elastic_jobs": sum(1 for j in trace.jobs if j.max_gpus),
         "reservations": req.reservations, "reserve_after_s": req.reserve_after_s,
+        "reserve_behind": req.reserve_behind,
         "history_by": req.history_by, "history_prior_jobs": len(req.history_prior),
         "trace_rows_skipped": len(trace.skipped), "forecast": req.forecast,
     }
@@ -223,6 +225,7 @@ def _run(req: SimRequest, progress: Progress | None, forecast_progress: Forecast
         extra["forecast"] = forecasts.summary(result.results)
     summary = metrics.summarize(result.results, result.timeline, capacity, load, result.wall_s,
                                 extra={**extra, "inputs": inputs, "events": result.events,
+                                       **result.extra,
                                        "borrowing": {"policy": result.borrowing,
                                                      "preemptions": result.borrow_preemptions},
                                        "runtime": {"model": req.runtime_model.value,

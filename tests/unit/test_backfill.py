@@ -7,6 +7,7 @@ from __future__ import annotations
 from gpurm.am.placement import BACKFILL_MARGIN_S, plan
 from gpurm.common.jobspec import LocalityLevel
 from gpurm.rm.sched.backfill import Waiter, WalkSettings, walk
+from gpurm.rm.sched.behind import Behind
 from gpurm.rm.sched.elastic import ElasticBook
 from gpurm.rm.sched.reservations import Reservations
 from gpurm.rm.sched.waiting import WaitingBook
@@ -49,7 +50,7 @@ def test_a_job_waits_reserve_after_before_it_gets_a_reservation() -> None:
     assert list(res.by_job) == ["big"]
 
 
-def test_a_ready_reservation_tells_its_holder_to_plan_and_a_relaxed_holder_loses_it() -> None:
+def test_a_ready_reservation_tells_its_holder_to_plan_and_a_relaxed_holder_keeps_its_servers() -> None:
     ends, res, pv = setup()
     fill_with_one_gpu_jobs(ends.c, ends, {"r1-n0": 900.0, "r1-n1": 300.0})
     walk([iter([waiter("big", 8)])], pv.current(), res, WalkSettings(), set(), now=0.0)
@@ -58,9 +59,12 @@ def test_a_ready_reservation_tells_its_holder_to_plan_and_a_relaxed_holder_loses
     ready = set(res.ready(400.0))
     assert ready == {"big"}
     assert walk([iter([waiter("big", 8)])], pv.current(), res, WalkSettings(), ready, now=400.0) == ["big"]
-    # Its AM relaxed to RACK: the reservation made for PACKED no longer fits its plans.
+    # Its AM relaxed to RACK: the server reserved for PACKED suits RACK too, and what drained there is kept.
     walk([iter([waiter("big", 8, level=LocalityLevel.RACK)])], pv.current(), res, WalkSettings(), ready, 401.0)
-    assert "big" not in res.by_job or res.by_job["big"].level is LocalityLevel.RACK
+    assert res.by_job["big"].level is LocalityLevel.RACK and res.by_job["big"].parts == {"r1-n1": 8}
+    # A holder whose plans no longer suit its servers (a stricter level) loses them.
+    walk([iter([waiter("big", 8, level=LocalityLevel.NODE)])], pv.current(), res, WalkSettings(), ready, 402.0)
+    assert "big" not in res.by_job or res.by_job["big"].level is LocalityLevel.NODE
 
 
 def test_spread_jobs_and_shares_get_no_reservation() -> None:
@@ -104,3 +108,26 @@ def test_the_waiting_book_keeps_each_queue_in_rank_order_and_promotes_the_starve
     book.discard("b")
     book.discard("b")
     assert "b" not in book and len(book) == 2 and sorted(book.leaves()) == ["root.other", "root.q"]
+
+
+def test_the_first_starving_job_in_the_order_gets_the_reservation() -> None:
+    ends, res, pv = setup()
+    fill_with_one_gpu_jobs(ends.c, ends, {"r1-n0": 900.0, "r1-n1": 300.0})
+    behind = Behind(behind=2.0)                           # starving past 1,200 s (the floor)
+    # The first job in the order has not waited long enough, nor has the next queue's; the second job has.
+    queues = [iter([waiter("fresh", 8, since=500.0), waiter("old", 8, since=0.0)]),
+              iter([waiter("other", 8, since=100.0)])]
+    walk(queues, pv.current(), res, WalkSettings(), set(), 1250.0, behind)
+    assert list(res.by_job) == ["old"]
+
+
+def test_only_a_starving_job_gets_a_reservation() -> None:
+    ends, res, pv = setup()
+    fill_with_one_gpu_jobs(ends.c, ends, {"r1-n0": 900.0, "r1-n1": 300.0})
+    behind = Behind(behind=2.0)
+    for _ in range(20):
+        behind.started(1, 1500.0)                         # one-GPU jobs queue 1,500 s: starving past 3,000 s
+    walk([iter([waiter("big", 8, since=0.0)])], pv.current(), res, WalkSettings(), set(), 2999.0, behind)
+    assert not res.by_job
+    walk([iter([waiter("big", 8, since=0.0)])], pv.current(), res, WalkSettings(), set(), 3000.0, behind)
+    assert list(res.by_job) == ["big"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpurm.common.gpus import GpuRecord
-from gpurm.common.jobspec import JobSpec
+from gpurm.common.jobspec import JobSpec, LocalityLevel
 from gpurm.common.model import ContainerPhase, JobState
 from gpurm.queues.config import parse_queues
 from gpurm.rm.sched.scheduler import Ask
@@ -124,6 +124,24 @@ def test_no_incomplete_gang_goes_past_the_share_while_another_queue_waits() -> N
     rig.ask(jb, [Ask(gpus=8, node_id="n0"), Ask(gpus=8, node_id="n1")])
     assert rig.ask(a_jobs[2], [Ask(gpus=8, node_id="n2"), Ask(gpus=8, node_id="n3")]) == []
     assert "incomplete gang" in rig.core.why_waiting(rig.core.jobs[a_jobs[2]])
+
+
+def test_a_ready_reservation_grants_its_whole_gang_even_above_the_share() -> None:
+    rig = Rig(TWO)
+    a_jobs = [rig.job("a", 8), rig.job("a", 8), rig.job("a", 16)]
+    jb = rig.job("b", 16)
+    rig.ask(a_jobs[0], [Ask(gpus=8, node_id="n0")])
+    rig.ask(a_jobs[1], [Ask(gpus=8, node_id="n1")])
+    rig.ask(jb, [Ask(gpus=8, node_id="n0"), Ask(gpus=8, node_id="n1")])
+    # As above, but n2 and n3 were drained for a's 16-GPU job and are all free: its whole gang is there at once,
+    # so no incomplete gang stays above the share; refusing it would throw the drain away.
+    res = rig.core.reservations
+    res.limit = 1
+    r = res.reserve(a_jobs[2], 16, LocalityLevel.PACKED, rig.now)
+    assert r is not None and set(r.parts) == {"n2", "n3"}
+    assert res.ready(rig.now) == [a_jobs[2]]
+    assert len(rig.ask(a_jobs[2], [Ask(gpus=8, node_id="n2"), Ask(gpus=8, node_id="n3")])) == 2
+    assert a_jobs[2] not in res.by_job                   # granted its gang: the reservation ended
 
 
 def test_a_complete_gang_may_use_idle_gpus_beyond_the_share_while_another_queue_waits() -> None:

@@ -121,3 +121,35 @@ def test_a_start_estimate_that_passed_is_estimated_again() -> None:
         ends.by_node["r1-n0"][f"r1-n0-c{i}"] = (500.0, (i,))
     assert res.ready(200.0) == []
     assert r.start == 500.0
+
+
+def test_a_one_server_job_reserves_the_server_that_would_idle_least_not_the_one_freeing_first() -> None:
+    c = cluster({"r1": 2})
+    ends = Ends(c)
+    # r1-n0: seven GPUs free at 100, the eighth at 1,000 (7 x 900 GPU-s idle while it drains);
+    # r1-n1: all eight at 1,100 (nothing idles). Draining r1-n1 costs 8 x 1,100 against 7 x 900 + 8 x 1,000.
+    for i in range(8):
+        ends.run("r1-n0", f"a{i}", [i], 1000.0 if i == 0 else 100.0)
+        ends.run("r1-n1", f"b{i}", [i], 1100.0)
+    r = Reservations(c, ends).reserve("big", 8, LocalityLevel.PACKED, now=0.0)
+    assert r is not None and r.parts == {"r1-n1": 8} and r.start == 1100.0
+    # By the soonest alone (the rule before), r1-n0.
+    c2 = cluster({"r1": 2})
+    ends2 = Ends(c2)
+    for i in range(8):
+        ends2.run("r1-n0", f"a{i}", [i], 1000.0 if i == 0 else 100.0)
+        ends2.run("r1-n1", f"b{i}", [i], 1100.0)
+    r2 = Reservations(c2, ends2, by_idle=False).reserve("big", 8, LocalityLevel.PACKED, now=0.0)
+    assert r2 is not None and r2.parts == {"r1-n0": 8} and r2.start == 1000.0
+
+
+def test_idle_cost_counts_only_the_gpus_the_job_needs_and_prefers_a_much_sooner_server() -> None:
+    c = cluster({"r1": 2})
+    ends = Ends(c)
+    # A four-GPU job: r1-n0 has four GPUs free at 100 (three more at 5,000): idle 0 until 100, cost 4 x 100;
+    # r1-n1 frees all eight at 3,000: cost 4 x 3,000. GPUs beyond the need idle for nobody's reservation.
+    for i in range(8):
+        ends.run("r1-n0", f"a{i}", [i], 100.0 if i < 4 else 5000.0)
+        ends.run("r1-n1", f"b{i}", [i], 3000.0)
+    r = Reservations(c, ends).reserve("four", 4, LocalityLevel.PACKED, now=0.0)
+    assert r is not None and r.parts == {"r1-n0": 4} and r.start == 100.0

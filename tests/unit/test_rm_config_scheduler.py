@@ -10,7 +10,7 @@ import pytest
 from gpurm.common.fields import ConfigError
 from gpurm.rm.config import load_rm_config
 from gpurm.rm.sched.history import DEFAULT_CONDITIONING, Finished
-from gpurm.rm.state.messages import RESERVATIONS, RESERVE_AFTER_S
+from gpurm.rm.state.messages import RESERVATIONS, RESERVE_AFTER_S, RESERVE_BEHIND
 
 
 def rm_yaml(tmp_path: Path, text: str) -> Path:
@@ -21,15 +21,15 @@ def rm_yaml(tmp_path: Path, text: str) -> Path:
 
 def test_the_defaults(tmp_path: Path) -> None:
     s = load_rm_config(rm_yaml(tmp_path, "listen: 127.0.0.1:7070\n")).settings
-    assert (s.reservations, s.reserve_after_s) == (RESERVATIONS, RESERVE_AFTER_S)
+    assert (s.reservations, s.reserve_after_s, s.reserve_behind) == (RESERVATIONS, RESERVE_AFTER_S, RESERVE_BEHIND)
     assert (s.history_conditioning, s.history_prior) == (DEFAULT_CONDITIONING, ())
 
 
 def test_the_scheduler_section_is_read_and_the_prior_is_found_beside_the_file(tmp_path: Path) -> None:
     (tmp_path / "prior.csv").write_text("queue,user,name,gpus,duration_s\nnlp,ann,bert,2,300\n")
-    s = load_rm_config(rm_yaml(tmp_path, "scheduler: {reservations: 3, reserve_after: 10m, "
+    s = load_rm_config(rm_yaml(tmp_path, "scheduler: {reservations: 3, reserve_after: 10m, reserve_behind: 1.5, "
                                          "history: {group_by: queue, prior: prior.csv}}\n")).settings
-    assert (s.reservations, s.reserve_after_s, s.history_conditioning) == (3, 600.0, "queue")
+    assert (s.reservations, s.reserve_after_s, s.reserve_behind, s.history_conditioning) == (3, 600.0, 1.5, "queue")
     assert s.history_prior == (Finished("root.nlp", "ann", "bert", 2.0, 600.0),)
 
 
@@ -37,6 +37,8 @@ def test_the_scheduler_section_is_read_and_the_prior_is_found_beside_the_file(tm
     ("scheduler: {reservations: -1}", "scheduler.reservations"),
     ("scheduler: {reservations: 1000}", "scheduler.reservations"),
     ("scheduler: {reserve_after: soon}", "scheduler.reserve_after"),
+    ("scheduler: {reserve_behind: -1}", "scheduler.reserve_behind"),
+    ("scheduler: {reserve_behind: 1000}", "scheduler.reserve_behind"),
     ("scheduler: {history: {group_by: team}}", "must be one of none, gpus, queue, full"),
     ("scheduler: {history: {prior: missing.csv}}", "cannot read it"),
     ("scheduler: {history: {prior: 3}}", "scheduler.history.prior"),

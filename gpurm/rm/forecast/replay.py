@@ -80,10 +80,12 @@ def replay_starts(snap: Snapshot, durations: dict[str, float], targets: Iterable
     options = SimOptions(policy=Policy(s.policy_override) if s.policy_override else None, seed=0,
                          inqueue_min_run_s=s.inqueue_min_run_s,
                          las_thresholds_gpu_s=s.las_thresholds_gpu_s or SimOptions().las_thresholds_gpu_s,
-                         reservations=s.reservations, reserve_after_s=s.reserve_after_s, history_by=s.history_by)
+                         reservations=s.reservations, reserve_after_s=s.reserve_after_s,
+                         reserve_behind=s.reserve_behind, history_by=s.history_by)
     servers = [SimServer(n.node_id, n.rack, n.gpus) for n in snap.nodes]
     engine = Engine(Trace([], None, "forecast"), servers, tree_from_plain(snap.tree), options)
     fill_history(engine.core.history, snap.history)
+    engine.core.behind.mean_s, engine.core.behind.seen = s.behind_mean_s, s.behind_seen
     core = engine.core
     ids: dict[str, str] = {}                 # snapshot job id -> the replay's job id
 

@@ -67,6 +67,9 @@ class SnapSettings:
     reservations: int = 0
     reserve_after_s: float = 0.0
     history_by: str = "full"
+    reserve_behind: float = 0.0
+    behind_mean_s: float = 0.0            # the one-GPU jobs' recent queueing (rm/sched/behind.py) and how many
+    behind_seen: int = 0
 
 
 # One history group: its key, its run times and its sizes (both sorted).
@@ -191,7 +194,7 @@ def take(core: RMCore, now: float, cache: HistoryCache | None = None) -> Snapsho
     override = core.scheduler.policy_override
     settings = SnapSettings(override.value if override is not None else None, s.inqueue_min_run_s,
                             tuple(s.las_thresholds_gpu_s), s.reservations, s.reserve_after_s,
-                            core.history.conditioning)
+                            core.history.conditioning, s.reserve_behind, core.behind.mean_s, core.behind.seen)
     history = cache.groups_of(core.history) if cache is not None else export_history(core.history)
     return Snapshot(now, nodes, tuple(jobs), tree_to_plain(core.queues.tree), settings, history,
                     core.history.learned)

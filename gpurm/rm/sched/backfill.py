@@ -9,8 +9,10 @@ queue first, each queue in its policy's order), at most `scan` of each queue:
 - a job that fits now, at its locality level, on GPUs free to it (reserved ones only where it would vacate them
   before the reservation needs them) gets no reservation: its AM finds the GPUs when it next plans (the daemon's
   AMs poll; the simulator wakes idle AMs when GPUs come free, sim/waking.py);
-- a job that does not fit and has waited `reserve_after_s` gets a reservation while fewer than the limit are held
-  (rm/sched/reservations.py): the first such jobs in the order, so no size starves behind a stream of small jobs.
+- a job that does not fit, has waited `reserve_after_s` and is starving (rm/sched/behind.py: it has waited a
+  multiple of what the one-GPU jobs recently queued) gets a reservation while fewer than the limit are held
+  (rm/sched/reservations.py): the first such jobs in the order, so no size starves behind a stream of small
+  jobs, while a job that merely does not fit yet costs nobody a draining server.
 
 "Told to plan now" is the allocate reply's `plan_now`: an AM waiting in back-off (or, in the simulator, asleep)
 plans at once. Nothing here grants anything: the scheduling pass does, and it keeps reserved GPUs for their holder.
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 from gpurm.am.placement import View, plan
 from gpurm.common.jobspec import LocalityLevel
+from gpurm.rm.sched.behind import Behind
 from gpurm.rm.sched.reservations import Reservations
 
 SCAN = 64                  # waiting jobs looked at per queue and walk
@@ -46,31 +49,51 @@ class WalkSettings:
 
 
 def walk(queues: Iterable[Iterator[Waiter]], view: View, reservations: Reservations, settings: WalkSettings,
-         ready: set[str], now: float) -> list[str]:
+         ready: set[str], now: float, behind: Behind | None = None) -> list[str]:
     """The jobs to tell to plan now (those whose reservations are ready); reservations are made (and dropped where
     their job's level moved) on the way. `queues`: each queue's waiting jobs in order, the neediest queue first;
-    `ready`: the jobs whose reservations are ready (`Reservations.ready`)."""
-    free = view.total_free
+    `ready`: the jobs whose reservations are ready (`Reservations.ready`); `behind`: when given, only a job that
+    is starving by it (rm/sched/behind.py) may get a reservation: the first such jobs in the order that do not
+    fit. (The order, not the longest wait: a job of a queue above its share would not be granted the GPUs its
+    reservation drained while a needier queue waits.)"""
     told: list[str] = []
+    wanting: list[Waiter] = []
+    room = reservations.limit - len(reservations.by_job)
     for members in queues:
         for k, w in enumerate(members):
             if k >= settings.scan:
                 break
             held = reservations.by_job.get(w.job_id)
             if held is not None and held.level is not w.level:
-                reservations.release(w.job_id)          # its AM relaxed: the reservation no longer fits its plans
-                held = None
+                if w.level is not None and w.level > held.level:
+                    # Its AM relaxed: servers that suit a stricter level suit this one, and what has drained
+                    # there is kept rather than started again elsewhere.
+                    held.level = w.level
+                else:
+                    reservations.release(w.job_id)      # its plans no longer fit the reservation's servers
+                    room += 1
+                    held = None
             if held is not None:
                 if w.job_id in ready:
                     told.append(w.job_id)
                 continue
-            if w.gpus <= free + len(_usable_reserved(view, w, now)) and _fits(view, w, now):
-                continue                                # it fits: its AM finds the GPUs when it next plans
-            if w.level is not None and now - w.waiting_since >= settings.reserve_after_s \
-                    and len(reservations.by_job) < reservations.limit:
-                reservations.reserve(w.job_id, w.gpus, w.level, now)
-        if len(reservations.by_job) >= reservations.limit and not reservations.by_job.keys() & ready:
+            if room <= 0 or w.level is None or w.gpus <= 1:
+                continue                                # (any GPU that frees fits a one-GPU job: no locality wait)
+            waited = now - w.waiting_since
+            if waited >= settings.reserve_after_s and (behind is None or behind.starving(waited)):
+                wanting.append(w)
+        if room <= 0 and not reservations.by_job.keys() & ready:
             break
+    if room <= 0 or not wanting:
+        return told
+    free = view.total_free
+    for w in wanting:
+        if w.level is None or (w.gpus <= free + len(_usable_reserved(view, w, now)) and _fits(view, w, now)):
+            continue                                    # it fits: its AM finds the GPUs when it next plans
+        if reservations.reserve(w.job_id, w.gpus, w.level, now) is not None:
+            room -= 1
+            if room <= 0:
+                break
     return told
 
 

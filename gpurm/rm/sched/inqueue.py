@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from gpurm.common.model import Container, ContainerKind, Job
 from gpurm.queues.tree import Policy
 from gpurm.rm.sched import preemption, priority
+from gpurm.rm.sched.reservations import Reservations
 from gpurm.rm.sched.scheduler import Scheduler
 from gpurm.rm.sched.standing import Standings
 from gpurm.rm.state.cluster import Cluster
@@ -71,6 +72,8 @@ class InQueuePreemption:
         # waited.
         self.freed_for: dict[str, list[tuple[int, float, str]]] = {}
         self._rooms_cache: tuple[int, list[tuple[str, str, int]]] | None = None
+        # Servers drained for a starving job (rm/sched/reservations.py): what is held there is no room for others.
+        self.reservations: Reservations | None = None
 
     def touch(self, job: Job) -> None:
         """The job's rank, run or locality level changed: its queue's next look must weigh it."""
@@ -91,9 +94,12 @@ class InQueuePreemption:
         return self._rooms_cache[1]
 
     def rooms(self) -> list[priority.Room]:
-        """The servers as in-queue preemption sees them."""
+        """The servers as in-queue preemption sees them, those drained for a reservation left out: a room made
+        there would preempt jobs for GPUs the scheduler then keeps for the reserved job, idle on both counts."""
         free = self.cluster.free
-        return [priority.Room(node_id, domain, size, free(node_id)) for node_id, domain, size in self._room_shapes()]
+        reserved = self.reservations.on_node if self.reservations is not None else {}
+        return [priority.Room(node_id, domain, size, free(node_id)) for node_id, domain, size in self._room_shapes()
+                if node_id not in reserved]
 
     def idle_on(self) -> list[int]:
         """Idle GPUs per server, in `rooms` order (valid while the shape version stays)."""

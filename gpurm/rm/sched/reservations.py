@@ -3,8 +3,9 @@
 A job that is first in the scheduling order but cannot be placed at its locality level (an 8-GPU job waiting for
 a whole server while a stream of one-GPU jobs takes every GPU that comes free) gets a reservation: the servers
 where, by the run-time estimates (rm/sched/history.py), enough GPUs will be free soonest, chosen by the AM's own
-planner (am/placement.py) on the cluster as it is expected to be at that time. From then on the GPUs that are
-free on those servers, up to what the job needs there, are held for it:
+planner (am/placement.py) on the cluster as it is expected to be at that time; for a job one server holds, the
+server whose drain costs least (`_least_idle`: the GPU-seconds held idle until it starts, plus its own wait). From
+then on the GPUs that are free on those servers, up to what the job needs there, are held for it:
 
 - nobody else is granted them (rm/sched/scheduler.py asks `allows`), except a job expected to end before the
   reservation's estimated start (`start`): backfill, which cannot delay the reserved job by the estimates;
@@ -46,13 +47,18 @@ class Reservation:
 
 
 class Reservations:
-    def __init__(self, cluster: Cluster, ends: EndsFn, limit: int = 1) -> None:
+    def __init__(self, cluster: Cluster, ends: EndsFn, limit: int = 1, by_idle: bool = True) -> None:
         self.cluster = cluster
+        self.by_idle = by_idle           # a one-server job's server: the least idle GPU-time, not the soonest free
         self.ends = ends
         self.limit = limit               # reservations at once (rm.yaml `scheduler.reservations`; 0: none)
         self.by_job: dict[str, Reservation] = {}
         self.on_node: dict[str, str] = {}      # server -> the job it is reserved for
         self.made = 0                    # reservations made since start (a metric)
+        self.idle_gpu_s = 0.0            # GPU-seconds held idle for reservations (a metric: what they cost)
+        self.expired = 0                 # ready reservations their job did not take in time (a metric)
+        self._idle_at: float | None = None
+        self._held_now = 0
         self.version = 0                 # moves whenever the reserved GPUs may have changed (the view shows them)
 
     # ------------------------------------------------------------ questions
@@ -120,6 +126,7 @@ class Reservations:
     def ready(self, now: float) -> list[str]:
         """Jobs whose reserved GPUs are all free now (their AMs should plan); drops those not taken in time and
         those whose servers left the cluster. A start estimate that has passed is estimated again."""
+        self._count_idle(now)
         out = []
         for job_id, r in list(self.by_job.items()):
             nodes = [self.cluster.nodes.get(n) for n in r.parts]
@@ -133,6 +140,7 @@ class Reservations:
                         r.start = now
                         self._changed(r)
                 elif now - r.ready_since > READY_HOLD_S:
+                    self.expired += 1
                     self.release(job_id)
                     continue
                 out.append(job_id)
@@ -140,6 +148,15 @@ class Reservations:
                 r.start = max(now + RESTART_S, self._part_start(r, now))
                 self._changed(r)
         return out
+
+    def _count_idle(self, now: float) -> None:
+        """Add the GPU-seconds held idle since the last call (the GPUs held then, held since: a step function
+        sampled whenever the core asks `ready`, which it does after every change while reservations are held)."""
+        if self._idle_at is not None and now > self._idle_at:
+            self.idle_gpu_s += self._held_now * (now - self._idle_at)
+        self._idle_at = now
+        self._held_now = sum(min(need, self.cluster.free(n)) for r in self.by_job.values()
+                             for n, need in r.parts.items() if n in self.cluster.nodes)
 
     def _part_start(self, r: Reservation, now: float) -> float:
         """When the reservation's servers are expected to have its GPUs free, estimated anew."""
@@ -175,7 +192,44 @@ class Reservations:
                 hi = mid
         found = _plan_at(nodes, ends, times[lo], gpus, level)
         assert found is not None
-        return max(times[lo], now), {p.node_id: p.gpus for p in found.parts}
+        start = max(times[lo], now)
+        if len(found.parts) == 1 and self.by_idle:
+            return _least_idle(nodes, ends, gpus, level, now, start, found.parts[0].node_id)
+        return start, {p.node_id: p.gpus for p in found.parts}
+
+
+def _least_idle(nodes: Iterable[Node], ends: dict[str, list[tuple[float, tuple[int, ...]]]], gpus: int,
+                level: LocalityLevel, now: float, soonest: float, soonest_node: str) -> tuple[float, dict[str, int]]:
+    """Of the servers that could hold a one-server job, the one whose reservation costs least: the GPU-seconds its
+    held GPUs would idle while it drains (each freed GPU, up to the job's need, from its end to the start) plus
+    the job's own GPUs over its wait. The server that frees soonest may free all but one GPU early and idle
+    them for hours behind its last job; another that frees a little later, all at once, costs far less."""
+    best_cost, best = float("inf"), (soonest, soonest_node)
+    for n in nodes:
+        if n.healthy_gpus < gpus:
+            continue
+        e = ends[n.node_id]
+        free = len(n.free_indices())
+        idle, last, t = 0.0, now, now
+        k = 0
+        while True:
+            if free >= gpus and plan(gpus, View([_server_at(n, e, t)]), level) is not None:
+                break
+            if k >= len(e):
+                t = float("inf")
+                break
+            end, indices = e[k]
+            k += 1
+            end = max(end, now)
+            idle += min(free, gpus) * (end - last)
+            last, t = end, end
+            free += len(indices)
+        if t == float("inf"):
+            continue
+        cost = idle + gpus * (t - now)
+        if cost < best_cost or (cost == best_cost and t < best[0]):
+            best_cost, best = cost, (t, n.node_id)
+    return max(best[0], now), {best[1]: gpus}
 
 
 def _plan_at(nodes: Iterable[Node], ends: dict[str, list[tuple[float, tuple[int, ...]]]], t: float, gpus: int,

@@ -274,14 +274,18 @@ class Scheduler:
             return None
         used_after = self.book.used.get(leaf.path, 0) + ask.amount
         incomplete = ask.count > 1 or len(app.asks) > 1          # more of its gang would still be missing
-        if incomplete and used_after > inst.get(leaf.path, 0) and len(waiting) > (leaf.path in waiting):
+        # A job whose reservation is ready has its whole gang free and held for it: granted in this pass, it leaves
+        # no incomplete gang above the share, and refusing it would throw the drain away.
+        ready = self._reservation_ready(app.job_id, ask.node_id)
+        if incomplete and not ready and used_after > inst.get(leaf.path, 0) and len(waiting) > (leaf.path in waiting):
             others = [p for p in sorted(waiting)[:4] if p != leaf.path][:3]
             app.blocked = (f"queue {leaf.short} would go above its fair share ({inst.get(leaf.path, 0)} GPUs) "
                            f"with an incomplete gang while {', '.join(tree_short(p) for p in others)} wait below "
                            "theirs")
             return None
         held_for_others = sum(self.reserved.values()) - self.reserved.get(leaf.path, 0)
-        if held_for_others > 0 and self.cluster.free_gpus - ask.gpus < held_for_others:
+        # (GPUs held for a reservation are no queue's to take back: its holder takes nothing the hold could use.)
+        if held_for_others > 0 and not ready and self.cluster.free_gpus - ask.gpus < held_for_others:
             app.blocked = "idle GPUs are held for a queue that preemption took them back for"
             return None
         if self.held_from:
@@ -320,6 +324,14 @@ class Scheduler:
         if reserved_for:
             app.blocked = f"the GPUs it could take are reserved for {reserved_for}, which has waited longer for them"
         return None
+
+    def _reservation_ready(self, job_id: str, node_id: str) -> bool:
+        """Whether the job holds a reservation whose GPUs are all free, and the ask is for one of its servers."""
+        res = self.reservations
+        if res is None or not res.by_job:
+            return False
+        r = res.by_job.get(job_id)
+        return r is not None and r.ready_since is not None and node_id in r.parts
 
     def _grant_share(self, app: App, ask: Ask, preemptible: bool, new_id: Callable[[str], str]) -> Grant | None:
         """A container of a job below one GPU: on a shared GPU with room, else on a free GPU that becomes shared."""

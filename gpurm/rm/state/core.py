@@ -39,6 +39,7 @@ from gpurm.common.model import (
 from gpurm.queues.tree import Policy, QueueTree, default_tree
 from gpurm.rm.sched import preemption, priority
 from gpurm.rm.sched.backfill import WalkSettings
+from gpurm.rm.sched.behind import Behind
 from gpurm.rm.sched.borrowing import BorrowPreemption
 from gpurm.rm.sched.elastic import ElasticBook
 from gpurm.rm.sched.history import Finished, History
@@ -107,6 +108,7 @@ class RMCore:
         # (rm/state/backfilling.py); the view AMs plan on, reserved GPUs apart (rm/state/planview.py).
         self.waiting = WaitingBook()
         self.reservations = Reservations(self.cluster, self._ends, self.settings.reservations)
+        self.behind = Behind(self.settings.reserve_behind)      # who is starving (rm/sched/behind.py)
         self.backfill_settings = WalkSettings(self.settings.reserve_after_s)
         self.walked_at: tuple[int, int, int, int] = (-1, -1, -1, -1)
         self.told: dict[str, tuple[int, int, int]] = {}    # job -> what it was last told to plan on (backfilling.py)
@@ -168,6 +170,7 @@ class RMCore:
         self.inqueue = InQueuePreemption(self.cluster, self.queues, self.scheduler, self.standings, self.jobs,
                                          self.live_by_job, self.learners_live, self.ams.with_am_by_queue, self.nudged,
                                          self.settings.inqueue_min_run_s, self._preempt_job)
+        self.inqueue.reservations = self.reservations
         # Fair-share preemption across queues: who is owed, reclaimed GPUs held for them, hoarded grants.
         self.reclaims = Reclaims(self.cluster, self.queues, self.jobs, self.index, self.ams, self.apps, self.asking,
                                  self.settings.inqueue_preemption, self.settings.inqueue_min_run_s,

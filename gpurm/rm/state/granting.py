@@ -84,8 +84,11 @@ def record_grant(core: RMCore, g: Grant, now: float, elastic: bool = False) -> N
                                   preemptible=g.preemptible, elastic=elastic, share_milli=g.share_milli))
     app = core.apps[g.job_id]
     app.pending_grants.append(g)
-    if g.job_id in core.reservations.by_job and not elastic and app.app.held_gpus >= job.spec.gpus:
-        core.reservations.release(g.job_id)     # its gang is granted: the servers may be reserved for the next
+    if not elastic and app.app.held_gpus >= job.spec.gpus:
+        if not job.start_time and job.spec.gpus == 1 and not job.spec.shared:
+            core.behind.started(1, now - job.submit_time)   # the bar starving jobs are measured against
+        if g.job_id in core.reservations.by_job:
+            core.reservations.release(g.job_id)  # its gang is granted: the servers may be reserved for the next
 
 
 def elastic_pass(core: RMCore, now: float) -> list[Grant]:

@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 
 from gpurm.common.gpus import GpuRecord
 from gpurm.common.model import Container, FailureKind, JobState, Learner
+from gpurm.rm.sched.behind import BEHIND
 from gpurm.rm.sched.history import DEFAULT_CONDITIONING, Finished
 from gpurm.rm.sched.priority import LAS_THRESHOLDS_GPU_S
 from gpurm.rm.sched.scheduler import App, Grant
 
 RESERVATIONS = 0              # rm.yaml scheduler.reservations' default: off (docs/queues.md "Reservations")
 RESERVE_AFTER_S = 0.0         # scheduler.reserve_after's
+RESERVE_BEHIND = BEHIND       # scheduler.reserve_behind's: a job starves past twice the one-GPU jobs' queueing
 
 
 class ErrorCode(enum.Enum):
@@ -76,9 +78,12 @@ class RMSettings:
     history_conditioning: str = DEFAULT_CONDITIONING
     history_prior: tuple[Finished, ...] = ()
     # Reservations for waiting jobs that cannot be placed, at most this many at once (rm/sched/reservations.py;
-    # rm.yaml scheduler.reservations), once a job has waited reserve_after_s (scheduler.reserve_after)
+    # rm.yaml scheduler.reservations), once a job has waited reserve_after_s (scheduler.reserve_after) and
+    # reserve_behind times what the one-GPU jobs recently queued (scheduler.reserve_behind; 0: any job that does
+    # not fit; rm/sched/behind.py)
     reservations: int = RESERVATIONS
     reserve_after_s: float = RESERVE_AFTER_S
+    reserve_behind: float = RESERVE_BEHIND
 
 
 # ---------------------------------------------------------------- effects for the shell
