@@ -146,17 +146,20 @@ def test_reservations_and_the_history_flags(tmp_path: Path) -> None:
     prior.write_text("queue,gpus,duration_s\nprod,1,30\nprod,1,60\n")
     base = ("sim", "--trace", str(trace), "--format", "jsonl", "--cluster", "1x2x8", "--no-plots", "-o", "json")
     r = gpurm(*base, "--out", str(tmp_path / "o"), "--reservations", "2", "--reserve-after", "5m",
-              "--history-by", "queue", "--history-prior", str(prior))
+              "--reserve-behind", "3", "--history-by", "queue", "--history-prior", str(prior))
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
-    assert {k: summary["inputs"][k] for k in ("reservations", "reserve_after_s", "history_by",
+    assert {k: summary["inputs"][k] for k in ("reservations", "reserve_after_s", "reserve_behind", "history_by",
                                               "history_prior_jobs")} == {
-        "reservations": 2, "reserve_after_s": 300, "history_by": "queue", "history_prior_jobs": 2}
+        "reservations": 2, "reserve_after_s": 300, "reserve_behind": 3, "history_by": "queue",
+        "history_prior_jobs": 2}
+    assert set(summary["reservations"]) == {"made", "expired", "idle_gpu_h"}
     assert set(summary["queue_p99_by_class"]) == set(summary["queue_by_class"])
     assert "max_below_guarantee_s" in summary["fairness"]
     for flags, named in ((("--reservations", "-1"), "--reservations"), (("--history-by", "team"), "--history-by"),
                          (("--history-prior", str(tmp_path / "nope.csv")), "--history-prior"),
-                         (("--reserve-after", "soon"), "--reserve-after")):
+                         (("--reserve-after", "soon"), "--reserve-after"),
+                         (("--reserve-behind", "-1"), "--reserve-behind")):
         r = gpurm(*base, "--out", str(tmp_path / "bad"), *flags)
         assert r.returncode == 2 and named in r.stderr, (flags, r.stderr)
 
