@@ -54,8 +54,7 @@ def walk(queues: Iterable[Iterator[Waiter]], view: View, reservations: Reservati
     their job's level moved) on the way. `queues`: each queue's waiting jobs in order, the neediest queue first;
     `ready`: the jobs whose reservations are ready (`Reservations.ready`); `behind`: when given, only a job that
     is starving by it (rm/sched/behind.py) may get a reservation: the first such jobs in the order that do not
-    fit. (The order, not the longest wait: a job of a queue above its share would not be granted the GPUs its
-    reservation drained while a needier queue waits.)"""
+    fit (the order the scheduler serves them in, as before: the neediest queue's first)."""
     told: list[str] = []
     wanting: list[Waiter] = []
     room = reservations.limit - len(reservations.by_job)

@@ -85,8 +85,9 @@ def record_grant(core: RMCore, g: Grant, now: float, elastic: bool = False) -> N
     app = core.apps[g.job_id]
     app.pending_grants.append(g)
     if not elastic and app.app.held_gpus >= job.spec.gpus:
-        if not job.start_time and job.spec.gpus == 1 and not job.spec.shared:
-            core.behind.started(1, now - job.submit_time)   # the bar starving jobs are measured against
+        if not job.start_time and not job.spec.shared:
+            # Its first gang: the one-GPU jobs' queueing is the bar starving jobs are measured against.
+            core.behind.started(job.spec.gpus, now - job.submit_time)
         if g.job_id in core.reservations.by_job:
             core.reservations.release(g.job_id)  # its gang is granted: the servers may be reserved for the next
 
