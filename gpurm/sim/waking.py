@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 
+from gpurm.am.placement import View
 from gpurm.am.records import Phase
 from gpurm.rm.sched import priority
 from gpurm.rm.state.core import RMCore
@@ -127,9 +128,28 @@ class Waker:
                 woken += gpus
                 if woken >= budget:
                     return
-            elif not armed:
+            elif not armed and not self.stuck(am, view.for_job(job_id, now, m.expected_run_s)):
                 self.arm_timer(am, now)      # it fits somewhere now: its timers (relaxing) can lead there
                 self.sync_dormant(am)
+
+    @property
+    def ranked_preemption(self) -> bool:
+        """Whether the RM preempts by rank: in-queue preemption (las, srtf, gittins) or a borrowing policy."""
+        return self.core.settings.inqueue_preemption or self.core.queues.borrowing is not None
+
+    def stuck(self, am: SimAM, view: View) -> bool:
+        """Whether an idle AM's timers can only lead it through plans that fail until GPUs come free: it is at its
+        last level and its plan there fails in `view`, the view it would plan on (Master.stuck). Such an AM gets no
+        timer, as one that waits for more GPUs than are free gets none: a release wakes it (wake_planners), and
+        catching up skips the cycles it slept through. Its timers would have driven it only to fail again.
+        Not while the RM preempts by rank (in-queue preemption, a borrowing policy): there the settles those
+        drives brought (the RM's time-driven looks, the attempt reports marking jobs changed) moved its decisions
+        (the golden las and srtf replays: 2% of the jobs), so its AMs keep their timers. Nor an AM that learns how
+        fast GPUs come free from the views it is shown (CostRelax.use_rate): what it learns would change."""
+        if self.ranked_preemption:
+            return False
+        m = am.master
+        return (m.relax is None or not m.relax.use_rate) and m.stuck(view)
 
     def _entries(self, queue: str) -> list[IdleKey]:
         """The idle AMs of a queue that waking looks at, in its order (the first WAKE_SCAN; the active ones only
