@@ -2,8 +2,10 @@
 the AMs it granted to, and those whose plan a grant took (the servers each acquiring AM waits on); GPUs coming
 free wake the idle AMs (planning or backing off, holding and asking nothing) that might now fit, in the order
 the RM serves them, and the running elastic jobs that want to grow; an AM's own deadline (a locality level
-timing out, a back-off ending) wakes it through a TIMER event. None of this decides anything: the same AMs, in
-the same order, act as if every AM were driven at every step."""
+timing out, a back-off ending) wakes it through a TIMER event, unless it is stuck at its last level (`stuck`: its
+plan there fails in the view; then only GPUs coming free can move it, and catching up skips the cycles it slept
+through). None of this decides anything: the same AMs, in the same order, act as if every AM were driven at every
+step."""
 
 from __future__ import annotations
 
@@ -102,7 +104,8 @@ class Waker:
         """After GPUs came free, wake idle AMs that might now fit, in the order the RM serves them (neediest queue
         first, then the queue's policy), until their sizes add up to twice what is free: the RM would refuse the
         rest anyway, and waking every waiting AM for one free GPU makes a thundering herd. Taking GPUs never
-        makes a plan possible that was not, so nothing is woken without a release."""
+        makes a plan possible that was not, so nothing is woken without a release. An AM stuck in the new view
+        (`stuck`) is not driven, only counted: it would plan and fail."""
         releases = self.core.cluster.releases
         if not self.idle or releases == self._woken_at_release:
             return
@@ -124,7 +127,10 @@ class Waker:
             if not armed:
                 m.catch_up(now)
             if m.phase is Phase.PLANNING and not view.cannot_fit(gpus, m.level):
-                self.dirty[job_id] = None
+                # Its plan on this view may still fail (the aggregates are not the plan): then driving it would
+                # only fail again. It counts against the budget all the same, so the others woken stay the same.
+                if not self.stuck(am, view.for_job(job_id, now, m.expected_run_s)):
+                    self.dirty[job_id] = None
                 woken += gpus
                 if woken >= budget:
                     return

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-import gpurm.am.acquire as acquire
+from gpurm.am import acquire
 from gpurm.am.master import Master, Phase
 from gpurm.am.placement import ServerView, View, plan
 from gpurm.common.jobspec import JobSpec, Locality, LocalityLevel, LocalityMode
