@@ -50,6 +50,9 @@ class Waker:
         # Running elastic jobs below their target: driven again whenever GPUs come free, to ask for growth.
         self.growers: dict[str, None] = {}
         self._grown_at_release = -1
+        # True: time and drive stuck AMs like any idle AM (as before `stuck`); what checks that leaving them
+        # untimed changes no decision compares the two (tests/unit/test_sim_stuck.py).
+        self.time_stuck = False
 
     def run_pass(self, now: float) -> None:
         """The RM's scheduling pass; AMs granted something, or whose plan a grant took, get driven."""
@@ -152,7 +155,7 @@ class Waker:
         drives brought (the RM's time-driven looks, the attempt reports marking jobs changed) moved its decisions
         (the golden las and srtf replays: 2% of the jobs), so its AMs keep their timers. Nor an AM that learns how
         fast GPUs come free from the views it is shown (CostRelax.use_rate): what it learns would change."""
-        if self.ranked_preemption:
+        if self.time_stuck or self.ranked_preemption:
             return False
         m = am.master
         return (m.relax is None or not m.relax.use_rate) and m.stuck(view)

@@ -4,14 +4,11 @@ decisions as timing it, with fewer events; and under a policy that preempts by r
 
 from __future__ import annotations
 
-import pytest
-
 from gpurm.queues.tree import Policy
 from gpurm.sim.clusterspec import parse_cluster
 from gpurm.sim.engine import Engine, SimOptions, SimResult
 from gpurm.sim.run import trace_tree
 from gpurm.sim.trace import Trace, TraceJob
-from gpurm.sim.waking import Waker
 
 
 def fragmented() -> Trace:
@@ -24,24 +21,21 @@ def fragmented() -> Trace:
     return Trace(jobs, None, "test")
 
 
-def replay(policy: Policy) -> SimResult:
+def replay(policy: Policy, time_stuck: bool = False) -> SimResult:
+    """With `time_stuck`, every idle AM timed and driven, as before Waker.stuck."""
     trace = fragmented()
-    return Engine(trace, parse_cluster("1x3x8"), trace_tree(trace.queues()), SimOptions(policy=policy)).run()
-
-
-def timed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every idle AM timed, as before Waker.stuck."""
-    monkeypatch.setattr(Waker, "stuck", lambda self, am, view: False)
+    engine = Engine(trace, parse_cluster("1x3x8"), trace_tree(trace.queues()), SimOptions(policy=policy))
+    engine.waker.time_stuck = time_stuck
+    return engine.run()
 
 
 def outcome(result: SimResult) -> list[tuple[str, float | None, float | None, int]]:
     return sorted((r.job_id, r.start_s, r.finish_s, r.preemptions) for r in result.results)
 
 
-def test_a_stuck_am_gets_no_timer_and_nothing_else_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stuck_am_gets_no_timer_and_nothing_else_changes() -> None:
     untimed = replay(Policy.FIFO)
-    timed(monkeypatch)
-    before = replay(Policy.FIFO)
+    before = replay(Policy.FIFO, time_stuck=True)
     assert outcome(untimed) == outcome(before)
     eight = next(r for r in untimed.results if r.job_id == "eight")
     assert eight.start_s is not None and eight.start_s >= 10_000.0      # it waited for a whole server
@@ -49,8 +43,7 @@ def test_a_stuck_am_gets_no_timer_and_nothing_else_changes(monkeypatch: pytest.M
     assert before.events - untimed.events >= 40
 
 
-def test_under_ranked_preemption_every_am_keeps_its_timers(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_under_ranked_preemption_every_am_keeps_its_timers() -> None:
     untimed = replay(Policy.LAS)
-    timed(monkeypatch)
-    before = replay(Policy.LAS)
+    before = replay(Policy.LAS, time_stuck=True)
     assert outcome(untimed) == outcome(before) and untimed.events == before.events
