@@ -19,15 +19,16 @@ if TYPE_CHECKING:
     from gpurm.am.master import Master
 
 
-def make_plan(m: Master) -> Plan | None:
-    """A plan at the current level (a spread job's: under its cap) from the view; None when nothing fits."""
+def make_plan(m: Master, view: View | None = None) -> Plan | None:
+    """A plan at the current level (a spread job's: under its cap) from the view (the AM's own unless given);
+    None when nothing fits."""
     if m.spec.shared:
         # A share of one GPU: the RM knows which shared GPUs have room (the view shows whole GPUs only), so the
         # plan names no server.
         return Plan(LocalityLevel.ANY, [Part("", "", (0,))])
     if m.spread:
-        return plan_spread(m.spec.gpus, m.view, m.cap, m.avoid, m.salt)
-    return plan(m.spec.gpus, m.view, m.level, m.avoid, m.salt)
+        return plan_spread(m.spec.gpus, view or m.view, m.cap, m.avoid, m.salt)
+    return plan(m.spec.gpus, view or m.view, m.level, m.avoid, m.salt)
 
 
 def missing_parts(m: Master) -> list[Part]:
@@ -103,19 +104,43 @@ def backoff_cap(m: Master) -> float:
     return float(min(loc.backoff_base_s * (2 ** min(m.backoffs, 60)), loc.backoff_max_s))
 
 
-def idle_at_any(m: Master) -> bool:
-    """Backing off at the last level it will try (`any`; a strict job's own level), holding nothing, in a
-    view where nothing fits at that level."""
-    return (m.phase is Phase.BACKOFF and m.level is next_level(m) and not m.held
-            and m.view.cannot_fit(m.spec.gpus, m.level)
-            and (not m.spread or next_cap(m) == m.cap))
+def stuck_at_last_level(m: Master, view: View | None = None) -> bool:
+    """Idle (planning with no plan, or backing off; holding nothing) at the last level it will try (`any`; a
+    strict job's own level; `packed` for a job kept on one server), in a view (the AM's own unless given) where
+    the plan at that level fails. Then every cycle of back-off, plan and time-out fails alike until the view gains
+    free GPUs: the plan reads only the view, the level, the servers to avoid and the salt, and none of these a
+    cycle changes. The cheap tests first; the plan last (a failed plan is remembered per view, so the AMs waiting
+    on one view pay for it once)."""
+    if m.held or m.spec.shared or m.level is not next_level(m):
+        return False
+    if m.phase is not Phase.BACKOFF and (m.phase is not Phase.PLANNING or m.plan is not None):
+        return False
+    if shape_floor(m, m.level) is not m.level or (m.spread and (next_cap(m) != m.cap
+                                                                or cap_floor(m, m.cap) != m.cap)):
+        return False         # the next cycle would move the level or the cap: step through it
+    view = view or m.view
+    if view.cannot_fit(m.spec.gpus, m.level):
+        return True
+    if not m.spread and not m.avoid:
+        fits = view.fits(m.spec.gpus, m.level)
+        if fits is not None:
+            return not fits
+    return make_plan(m, view) is None
+
+
+def idle_at_last_level(m: Master) -> bool:
+    """Backing off, stuck at its last level in its own view (stuck_at_last_level): catch_up may skip its cycles."""
+    return m.phase is Phase.BACKOFF and stuck_at_last_level(m)
 
 
 def skip_idle_cycles(m: Master, now: float) -> None:
     """Back-off → plan at the last level (nothing fits) → time out → back-off, as many whole cycles as end before
-    `now`, without planning: the view proves every plan would fail. Same clock and random draws as stepping
-    through them; a job waiting for days in a full cluster would otherwise replan hundreds of times."""
+    `now`, without planning: stuck_at_last_level proved every plan on this view fails. Same clock, random draws
+    and records as stepping through them; a job waiting for days in a full cluster would otherwise replan
+    hundreds of times."""
     timeout = m.spec.locality.timeout_s
+    if m.backoff_until + timeout <= now:
+        m.skipped = ""       # what entering the level again says: the level is its own shape floor
     while m.backoff_until + timeout <= now:
         m.level_since = m.backoff_until
         cap = backoff_cap(m)

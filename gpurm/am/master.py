@@ -29,13 +29,14 @@ from typing import cast
 from gpurm.am.acquire import (
     enter_level,
     give_up_level,
-    idle_at_any,
+    idle_at_last_level,
     is_wanted,
     level_deadline,
     make_plan,
     missing_parts,
     plan_taken,
     skip_idle_cycles,
+    stuck_at_last_level,
 )
 from gpurm.am.attempts import (
     STOP_WAIT_S,
@@ -171,10 +172,15 @@ class Master:
             deadline = self.next_deadline()
             if deadline is None or deadline > now:
                 return
-            if idle_at_any(self):
+            if idle_at_last_level(self):
                 skip_idle_cycles(self, now)
                 continue
             self.step(deadline)
+
+    def stuck(self, view: View | None = None) -> bool:
+        """Idle at its last level with a plan that fails in `view` (its own by default): until the view gains free
+        GPUs its timers only cycle through failing plans, which catch_up skips (a driver need not time it)."""
+        return stuck_at_last_level(self, view)
 
     @property
     def idle(self) -> bool:

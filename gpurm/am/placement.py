@@ -239,6 +239,21 @@ class View:
             return self.total_free < gpus
         return self.max_domain_free < gpus
 
+    def fits(self, gpus: int, level: LocalityLevel) -> bool | None:
+        """Whether a plan at `level` exists for `gpus` GPUs (avoiding no server), where the aggregates decide it
+        exactly; None where only planning can tell (`packed` for a job that needs more than one server). Exact
+        because the planner's greedy choice (the fullest servers first) finds a plan whenever one exists: `any`
+        needs as many free GPUs in all, `rack` in one domain, `node` and a one-server `packed` on one server."""
+        if level is LocalityLevel.NODE:
+            return self.max_free >= gpus
+        if level is LocalityLevel.ANY:
+            return self.total_free >= gpus
+        if level is LocalityLevel.RACK or self.max_domain_free < gpus:
+            return self.max_domain_free >= gpus
+        if self.fewest_servers(gpus) == 1:
+            return self.max_free >= gpus
+        return None
+
     def candidates(self) -> list[ServerView]:
         """Servers with a free GPU, in view order (computed once per View; do not modify)."""
         if self._candidates is None:

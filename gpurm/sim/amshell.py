@@ -111,7 +111,7 @@ class AMShells:
             self.dirty[am.job_id] = None          # more to tell the RM, or its plan to settle
         if m.idle:
             waker.set_idle(am, now, True)
-            if self.views.current().total_free < am.trace.gpus:
+            if self.views.current().total_free < am.trace.gpus or waker.stuck(am, m.view):
                 return                            # nothing can fit until GPUs come free: wake_planners will call
         waker.arm_timer(am, now)
         waker.sync_dormant(am)

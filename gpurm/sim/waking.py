@@ -2,14 +2,17 @@
 the AMs it granted to, and those whose plan a grant took (the servers each acquiring AM waits on); GPUs coming
 free wake the idle AMs (planning or backing off, holding and asking nothing) that might now fit, in the order
 the RM serves them, and the running elastic jobs that want to grow; an AM's own deadline (a locality level
-timing out, a back-off ending) wakes it through a TIMER event. None of this decides anything: the same AMs, in
-the same order, act as if every AM were driven at every step."""
+timing out, a back-off ending) wakes it through a TIMER event, unless it is stuck at its last level (`stuck`: its
+plan there fails in the view; then only GPUs coming free can move it, and catching up skips the cycles it slept
+through). None of this decides anything: the same AMs, in the same order, act as if every AM were driven at every
+step."""
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
 
+from gpurm.am.placement import View
 from gpurm.am.records import Phase
 from gpurm.rm.sched import priority
 from gpurm.rm.state.core import RMCore
@@ -47,6 +50,9 @@ class Waker:
         # Running elastic jobs below their target: driven again whenever GPUs come free, to ask for growth.
         self.growers: dict[str, None] = {}
         self._grown_at_release = -1
+        # True: time and drive stuck AMs like any idle AM (as before `stuck`); what checks that leaving them
+        # untimed changes no decision compares the two (tests/unit/test_sim_stuck.py).
+        self.time_stuck = False
 
     def run_pass(self, now: float) -> None:
         """The RM's scheduling pass; AMs granted something, or whose plan a grant took, get driven."""
@@ -101,7 +107,8 @@ class Waker:
         """After GPUs came free, wake idle AMs that might now fit, in the order the RM serves them (neediest queue
         first, then the queue's policy), until their sizes add up to twice what is free: the RM would refuse the
         rest anyway, and waking every waiting AM for one free GPU makes a thundering herd. Taking GPUs never
-        makes a plan possible that was not, so nothing is woken without a release."""
+        makes a plan possible that was not, so nothing is woken without a release. An AM stuck in the new view
+        (`stuck`) is not driven, only counted: it would plan and fail."""
         releases = self.core.cluster.releases
         if not self.idle or releases == self._woken_at_release:
             return
@@ -123,13 +130,35 @@ class Waker:
             if not armed:
                 m.catch_up(now)
             if m.phase is Phase.PLANNING and not view.cannot_fit(gpus, m.level):
-                self.dirty[job_id] = None
+                # Its plan on this view may still fail (the aggregates are not the plan): then driving it would
+                # only fail again. It counts against the budget all the same, so the others woken stay the same.
+                if not self.stuck(am, view.for_job(job_id, now, m.expected_run_s)):
+                    self.dirty[job_id] = None
                 woken += gpus
                 if woken >= budget:
                     return
-            elif not armed:
+            elif not armed and not self.stuck(am, view.for_job(job_id, now, m.expected_run_s)):
                 self.arm_timer(am, now)      # it fits somewhere now: its timers (relaxing) can lead there
                 self.sync_dormant(am)
+
+    @property
+    def ranked_preemption(self) -> bool:
+        """Whether the RM preempts by rank: in-queue preemption (las, srtf, gittins) or a borrowing policy."""
+        return self.core.settings.inqueue_preemption or self.core.queues.borrowing is not None
+
+    def stuck(self, am: SimAM, view: View) -> bool:
+        """Whether an idle AM's timers can only lead it through plans that fail until GPUs come free: it is at its
+        last level and its plan there fails in `view`, the view it would plan on (Master.stuck). Such an AM gets no
+        timer, as one that waits for more GPUs than are free gets none: a release wakes it (wake_planners), and
+        catching up skips the cycles it slept through. Its timers would have driven it only to fail again.
+        Not while the RM preempts by rank (in-queue preemption, a borrowing policy): there the settles those
+        drives brought (the RM's time-driven looks, the attempt reports marking jobs changed) moved its decisions
+        (the golden las and srtf replays: 2% of the jobs), so its AMs keep their timers. Nor an AM that learns how
+        fast GPUs come free from the views it is shown (CostRelax.use_rate): what it learns would change."""
+        if self.time_stuck or self.ranked_preemption:
+            return False
+        m = am.master
+        return (m.relax is None or not m.relax.use_rate) and m.stuck(view)
 
     def _entries(self, queue: str) -> list[IdleKey]:
         """The idle AMs of a queue that waking looks at, in its order (the first WAKE_SCAN; the active ones only
