@@ -154,8 +154,9 @@ class Waker:
         Not while the RM preempts by rank (in-queue preemption, a borrowing policy): there the settles those
         drives brought (the RM's time-driven looks, the attempt reports marking jobs changed) moved its decisions
         (the golden las and srtf replays: 2% of the jobs), so its AMs keep their timers. Nor an AM that learns how
-        fast GPUs come free from the views it is shown (CostRelax.use_rate): what it learns would change."""
-        if self.time_stuck or self.ranked_preemption:
+        fast GPUs come free from the views it is shown (CostRelax.use_rate): what it learns would change. Nor while
+        the RM reserves GPUs (`reservations`): a reservation given up frees GPUs in the views without a release."""
+        if self.time_stuck or self.ranked_preemption or self.core.settings.reservations > 0:
             return False
         m = am.master
         return (m.relax is None or not m.relax.use_rate) and m.stuck(view)

@@ -21,10 +21,11 @@ def fragmented() -> Trace:
     return Trace(jobs, None, "test")
 
 
-def replay(policy: Policy, time_stuck: bool = False) -> SimResult:
+def replay(policy: Policy, time_stuck: bool = False, reservations: int = 0) -> SimResult:
     """With `time_stuck`, every idle AM timed and driven, as before Waker.stuck."""
     trace = fragmented()
-    engine = Engine(trace, parse_cluster("1x3x8"), trace_tree(trace.queues()), SimOptions(policy=policy))
+    engine = Engine(trace, parse_cluster("1x3x8"), trace_tree(trace.queues()),
+                    SimOptions(policy=policy, reservations=reservations))
     engine.waker.time_stuck = time_stuck
     return engine.run()
 
@@ -46,4 +47,11 @@ def test_a_stuck_am_gets_no_timer_and_nothing_else_changes() -> None:
 def test_under_ranked_preemption_every_am_keeps_its_timers() -> None:
     untimed = replay(Policy.LAS)
     before = replay(Policy.LAS, time_stuck=True)
+    assert outcome(untimed) == outcome(before) and untimed.events == before.events
+
+
+def test_while_the_rm_reserves_every_am_keeps_its_timers() -> None:
+    """A reservation given up frees GPUs in the AMs' views without a release: nothing would wake a parked AM."""
+    untimed = replay(Policy.FIFO, reservations=1)
+    before = replay(Policy.FIFO, time_stuck=True, reservations=1)
     assert outcome(untimed) == outcome(before) and untimed.events == before.events
