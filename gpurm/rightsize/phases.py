@@ -124,12 +124,15 @@ Vector = tuple[float, float, float]
 
 
 def _median3(values: Sequence[float]) -> list[float]:
+    """Running median of 3; each end takes the median of the three samples at that end, so a stray first or last
+    sample is smoothed away like one inside (left as it was, it made a cluster of its own, too small to be a phase,
+    and with it every split was refused)."""
     n = len(values)
     if n < 3:
         return list(values)
-    out = [values[0]]
+    out = [sorted(values[:3])[1]]
     out.extend(sorted(values[i - 1:i + 2])[1] for i in range(1, n - 1))
-    out.append(values[-1])
+    out.append(sorted(values[-3:])[1])
     return out
 
 
@@ -143,9 +146,10 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
 
 
 def _features(samples: Sequence[Sample]) -> tuple[list[list[float]], list[float]]:
-    """Raw feature columns (cpu, mem, gpu; a missing GPU reading takes the previous one, else 0)."""
+    """Raw feature columns (cpu, mem, gpu; a missing GPU reading takes the previous one; those before the first
+    reading take the first, as the agent samples a container before the GPU telemetry has seen it; none at all: 0)."""
     gpu: list[float] = []
-    last = 0.0
+    last = next((s.gpu for s in samples if s.gpu is not None), 0.0)
     for s in samples:
         last = s.gpu if s.gpu is not None else last
         gpu.append(last)

@@ -47,8 +47,9 @@ def test_the_agent_records_each_containers_cpu_memory_and_gpu_series(rm: RMProce
     try:
         agent.start()
         # 400 MiB: its loading, training and evaluating memory (100 + interpreter, 500, 300 MiB) stand several
-        # resolutions (64 MiB) apart, so the phases show even when a loaded machine blurs their CPU (a CI run with
-        # 200 MiB, levels 1.5 resolutions apart and CPU noise alone, found one phase).
+        # resolutions (64 MiB) apart, so the phases show even when a loaded machine blurs their CPU. (Two CI runs
+        # found one phase: the first sample, taken before the GPU telemetry, had no GPU reading and stood alone;
+        # rightsize/phases.py now fills and smooths it, tests/unit/test_rightsize_phases.py.)
         job_id = rm.submit(f"{sys.executable} {LEARNER} --scale 0.5 --epochs 2 --mem-mib 400")
         learner = rm.learner(job_id)
 

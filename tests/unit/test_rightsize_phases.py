@@ -121,6 +121,25 @@ def test_no_gpu_readings_still_finds_the_cpu_and_memory_phases() -> None:
     assert model.summary().endswith("; request 4.4 cores, 2.0 GiB")
 
 
+def test_a_first_sample_without_a_gpu_reading_does_not_hide_the_phases() -> None:
+    """The agent samples a container before the GPU telemetry has seen it: its first sample has no GPU reading.
+    Read as 0 (against 90 % after), that sample stood alone as the farthest point, every split had a cluster of
+    one, and the whole run was one phase (a CI run of the right-sizing e2e test)."""
+    samples, truth = series([(TRAIN, 30), (EVAL, 15), (LOAD, 15), (TRAIN, 30)])
+    samples[0] = Sample(samples[0].t, samples[0].cpu, samples[0].mem_mib, None)
+    model = discover(samples)
+    assert len(model.phases) == 3 and agreement(model.labels, truth) >= 0.95
+
+
+@pytest.mark.parametrize("where", [0, -1])
+def test_one_stray_sample_at_either_end_is_smoothed_away(where: int) -> None:
+    samples, truth = series([(LOAD, 15), (TRAIN, 30), (LOAD, 15)])
+    s = samples[where]
+    samples[where] = Sample(s.t, 40.0, s.mem_mib * 5, 0.0)      # a CPU meter's glitch, a bogus RSS, no GPU use
+    model = discover(samples)
+    assert len(model.phases) == 2 and agreement(model.labels, truth) >= 0.95
+
+
 def test_edges_and_bad_arguments() -> None:
     assert discover([]).phases == ()
     assert len(discover([Sample(0, 1, 1, None)]).phases) == 1
