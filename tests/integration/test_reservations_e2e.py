@@ -19,7 +19,9 @@ SLEEP = ["--", "sh", "-c", "sleep 600"]
 @pytest.fixture
 def cluster(tmp_path: Path, broker: TestBroker) -> Iterator[DevCluster]:
     c = DevCluster(tmp_path / "c", nodes=2, gpus_per_node=4, racks=1, broker=broker,
-                   extra=["--rm-option", "scheduler.reservations=1"])
+                   extra=["--rm-option", "scheduler.reservations=1",
+                          # at once, not only once a job starves (reserve_behind: unit-tested in test_behind.py)
+                          "--rm-option", "scheduler.reserve_behind=0"])
     yield c
     c.stop()
 
