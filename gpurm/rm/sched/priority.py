@@ -61,6 +61,15 @@ def las_level(attained_gpu_s: float, thresholds: tuple[float, ...] = LAS_THRESHO
     return bisect.bisect_right(thresholds, attained_gpu_s)
 
 
+def las_thresholds_problem(thresholds: Sequence[float]) -> str:
+    """Why these can not be las thresholds (GPU-seconds: at least one, above 0, rising); empty when they can."""
+    if not thresholds:
+        return "must name at least one GPU-time, such as 1h,10h,100h"
+    if thresholds[0] <= 0 or any(b <= a for a, b in itertools.pairwise(thresholds)):
+        return "must be above 0 and rising"
+    return ""
+
+
 STARVED = (0.0, 0.0)       # how a starved job ranks (before its submit order)
 
 
