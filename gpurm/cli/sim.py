@@ -15,6 +15,7 @@ from gpurm.rm.forecast.records import ForecastSettings
 from gpurm.rm.sched.behind import MAX_BEHIND
 from gpurm.rm.sched.history import DEFAULT_CONDITIONING, LEVELS
 from gpurm.rm.sched.prior import PriorError, load_prior
+from gpurm.rm.sched.priority import LAS_THRESHOLDS_GPU_S, las_thresholds_problem
 from gpurm.rm.state.messages import RESERVATIONS, RESERVE_BEHIND
 from gpurm.sim.metrics import LOCALITY_CLASSES, SIZE_CLASSES
 from gpurm.sim.options import RelaxPolicy
@@ -92,6 +93,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a CSV of finished jobs the history starts from (gpus and duration_s or size_gpu_s; "
                         "queue, user, name optional; a jobs.csv of an earlier run serves): rm.yaml "
                         "scheduler.history.prior")
+    p.add_argument("--las-thresholds", metavar="T1,T2,...",
+                   help="las and gittins: the GPU-times (GPUs x duration: 1h is one GPU-hour) at which a job drops "
+                        "a priority level, rising (rm.yaml preemption.las_thresholds); default "
+                        + ",".join(f"{t / 3600:g}h" for t in LAS_THRESHOLDS_GPU_S))
     p.add_argument("--forecast", type=int, default=0, metavar="N",
                    help="measure start-time forecasts: forecast at most N jobs of each size class (every k-th "
                         "submitted) at their submission, as the RM does, and report their accuracy against a naive "
@@ -116,6 +121,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     checkpoint = _duration_flag("--checkpoint-interval", args.checkpoint_interval)
     restart = _duration_flag("--restart-cost", args.restart_cost)
     reserve_after = _duration_flag("--reserve-after", args.reserve_after)
+    thresholds = _las_thresholds(args.las_thresholds)
     if args.reservations < 0:
         raise CliError(f"--reservations: must be 0 or more, got {args.reservations}")
     if not 0 <= args.reserve_behind <= MAX_BEHIND:
@@ -142,7 +148,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
                      elastic_share=args.elastic_share, elastic_max=args.elastic_max,
                      reservations=args.reservations, reserve_after_s=reserve_after or 0.0,
                      reserve_behind=args.reserve_behind,
-                     history_by=args.history_by, history_prior=prior, forecast=args.forecast,
+                     history_by=args.history_by, history_prior=prior, las_thresholds_gpu_s=thresholds,
+                     forecast=args.forecast,
                      forecast_settings=fsettings)
     if req.plots:
         missing = plotting_missing()
@@ -180,6 +187,17 @@ def _duration_flag(flag: str, text: str | None) -> float | None:
         return parse_duration(text)
     except ValueError as exc:
         raise CliError(f"{flag}: {exc}") from None
+
+
+def _las_thresholds(text: str | None) -> tuple[float, ...]:
+    """`--las-thresholds`: comma-separated GPU-times, as rm.yaml's preemption.las_thresholds."""
+    if text is None:
+        return LAS_THRESHOLDS_GPU_S
+    out = tuple(_duration_flag("--las-thresholds", part.strip()) or 0.0 for part in text.split(",") if part.strip())
+    problem = las_thresholds_problem(out)
+    if problem:
+        raise CliError(f"--las-thresholds: {problem}, got {text[:60]!r}")
+    return out
 
 
 class _Progress:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from gpurm.rm.forecast.config import ForecastConfig, read_forecast_section
 from gpurm.rm.sched.behind import MAX_BEHIND
 from gpurm.rm.sched.history import LEVELS
 from gpurm.rm.sched.prior import PriorError, load_prior
+from gpurm.rm.sched.priority import las_thresholds_problem
 from gpurm.rm.server.leadership import takeover_within_s
 from gpurm.rm.state.heartbeats import terms_at
 from gpurm.rm.state.messages import RMSettings
@@ -286,8 +286,9 @@ def read_las_thresholds(r: Reader, default: tuple[float, ...]) -> tuple[float, .
         except ValueError as exc:
             r.error("las_thresholds", str(exc))
             return default
-    if any(b <= a for a, b in itertools.pairwise(out)) or out[0] <= 0:
-        r.error("las_thresholds", f"must be above 0 and rising, got {raw!r:.60}")
+    problem = las_thresholds_problem(out)
+    if problem:
+        r.error("las_thresholds", f"{problem}, got {raw!r:.60}")
         return default
     return tuple(out)
 

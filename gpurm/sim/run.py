@@ -25,6 +25,7 @@ from gpurm.queues.config import parse_queues
 from gpurm.queues.tree import Borrowing, Policy, QueueDef, QueueTree
 from gpurm.rm.forecast.records import ForecastSettings
 from gpurm.rm.sched.history import DEFAULT_CONDITIONING, Finished
+from gpurm.rm.sched.priority import LAS_THRESHOLDS_GPU_S
 from gpurm.rm.state.messages import RESERVATIONS, RESERVE_AFTER_S, RESERVE_BEHIND
 from gpurm.sim import metrics
 from gpurm.sim.clusterspec import SimServer, parse_cluster, total_gpus
@@ -68,6 +69,7 @@ class SimRequest:
     reserve_behind: float = RESERVE_BEHIND     # reserve only for a job waiting this many times the one-GPU jobs'
     history_by: str = DEFAULT_CONDITIONING     # what the history conditions on (rm/sched/history.py LEVELS)
     history_prior: tuple[Finished, ...] = ()   # finished jobs it starts from (rm/sched/prior.py)
+    las_thresholds_gpu_s: tuple[float, ...] = LAS_THRESHOLDS_GPU_S   # rm.yaml preemption.las_thresholds
     forecast: int = 0                 # forecast the start of at most this many jobs at submission (0: none)
     forecast_settings: ForecastSettings = field(default_factory=ForecastSettings)
 
@@ -199,7 +201,8 @@ def _run(req: SimRequest, progress: Progress | None, forecast_progress: Forecast
                          failures_per_1000_gpu_h=req.failures_per_1000_gpu_h, seed=req.seed,
                          runtime=config, relax=req.relax, reservations=req.reservations,
                          reserve_after_s=req.reserve_after_s, reserve_behind=req.reserve_behind,
-                         history_by=req.history_by, history_prior=req.history_prior)
+                         history_by=req.history_by, history_prior=req.history_prior,
+                         las_thresholds_gpu_s=req.las_thresholds_gpu_s)
     engine = Engine(trace, servers, tree, options)
     forecasts = SubmitForecasts(engine, req.forecast, req.forecast_settings, forecast_progress) if req.forecast \
         else None
@@ -218,6 +221,7 @@ def _run(req: SimRequest, progress: Progress | None, forecast_progress: Forecast
         "reservations": req.reservations, "reserve_after_s": req.reserve_after_s,
         "reserve_behind": req.reserve_behind,
         "history_by": req.history_by, "history_prior_jobs": len(req.history_prior),
+        "las_thresholds_gpu_s": list(req.las_thresholds_gpu_s),
         "trace_rows_skipped": len(trace.skipped), "forecast": req.forecast,
     }
     extra: dict[str, object] = {}

@@ -63,10 +63,14 @@ def test_gittins_ranks_as_las_until_ready_then_by_level_then_index() -> None:
     jobs = [st("long", 1, attained=100.0), st("new", 2)]
     assert rank(Policy.GITTINS, 0.0, gittins=History())(jobs[0]) == rank(Policy.LAS, 0.0)(jobs[0])
     # Sizes 60 or 480: a job at 100 (surely a 480 one) has index 1/420 < a new job's 1/120: inside las level 0,
-    # the new one first (las: submit order, the older first).
+    # the new one first.
     key = rank(Policy.GITTINS, 0.0, gittins=learned([60.0, 480.0]))
     assert [s.job_id for s in sorted(jobs, key=key)] == ["new", "long"]
-    assert [s.job_id for s in sorted(jobs, key=rank(Policy.LAS, 0.0))] == ["long", "new"]
+    # Where the index is not monotone the two part: a job at 300 (a 480 one near its end, index 1/240) goes before
+    # the one at 100 (1/420) under gittins; las, least attained first inside a level, has it the other way round.
+    near = st("near", 3, attained=300.0)
+    assert [s.job_id for s in sorted([jobs[0], near], key=key)] == ["near", "long"]
+    assert [s.job_id for s in sorted([jobs[0], near], key=rank(Policy.LAS, 0.0))] == ["long", "near"]
     # The las level comes first: past the first threshold (3,600 GPU-s) a job ranks after every level-0 job,
     # whatever its index.
     past = st("past", 3, attained=4000.0)

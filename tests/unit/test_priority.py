@@ -15,10 +15,19 @@ def test_las_levels() -> None:
     assert [las_level(x) for x in (0, 3599, 3600, 35999, 36000, 1e9)] == [0, 0, 1, 1, 2, 3]
 
 
-def test_las_orders_by_level_then_submit_order() -> None:
-    key = rank(Policy.LAS, now=100.0)
-    jobs = [st("a", 1, attained=5000, executed=100, waiting_since=99), st("b", 2, attained=10), st("c", 3)]
-    assert [j.job_id for j in sorted(jobs, key=key)] == ["b", "c", "a"]
+def test_las_orders_by_level_then_least_attained_then_submit_order() -> None:
+    key = rank(Policy.LAS, now=5.0)          # before any of them has waited long enough to count as starved
+    jobs = [st("a", 1, attained=5000, executed=100, waiting_since=4), st("b", 2, attained=10, executed=3),
+            st("c", 3), st("d", 4)]
+    # Level 0 before level 1; inside level 0 the least served first (c and d: none), then submit order.
+    assert [j.job_id for j in sorted(jobs, key=key)] == ["c", "d", "b", "a"]
+
+
+def test_attained_service_inside_a_level_orders_but_never_preempts() -> None:
+    running = [st("r", 2, 4, attained=3000, executed=750, running_since=0)]            # level 0, well served
+    waiting = [st("w", 1, 4, attained=0, waiting_since=299)]                           # level 0, none yet
+    assert rank(Policy.LAS, 300.0)(waiting[0]) < rank(Policy.LAS, 300.0)(running[0])
+    assert in_queue_victims(Policy.LAS, 300.0, waiting, running, rooms(0), {"r": {"n0": 4}}, min_run_s=60) == []
 
 
 def test_a_starved_job_is_promoted_to_the_top_level() -> None:

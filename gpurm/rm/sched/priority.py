@@ -3,8 +3,11 @@
 - `fifo`: submit order.
 - `las`: Tiresias' discretized two-dimensional LAS. A job's attained service is GPUs x seconds run (both
   dimensions, hence 2D). Service is discretized into priority levels by `LAS_THRESHOLDS_GPU_S`: a job starts at
-  level 0 and drops a level each time its attained service crosses the next threshold; inside a level, submit
-  order, and no preemption (jobs of similar service are not preempted over small differences). Starvation
+  level 0 and drops a level each time its attained service crosses the next threshold; inside a level, the least
+  attained service first (then submit order), and no preemption (jobs of similar service are not preempted over
+  small differences: the order inside a level decides who gets GPUs that come free). Tiresias orders a level by
+  submission; least served first is the LAS order the levels only discretize (docs/sim.md "Beside Tiresias'
+  simulator" has what it changed). Starvation
   guard: a job that has waited, since it last ran, more than `LAS_STARVE_FACTOR` times as long as it has run
   (since its last promotion) is promoted to level 0. As in Tiresias, the promotion sticks: when the promoted
   job starts, its service counts afresh from there (`las_promoted`), so it keeps level 0 until it has attained
@@ -61,7 +64,16 @@ def las_level(attained_gpu_s: float, thresholds: tuple[float, ...] = LAS_THRESHO
     return bisect.bisect_right(thresholds, attained_gpu_s)
 
 
-STARVED = (0.0, 0.0)       # how a starved job ranks (before its submit order)
+def las_thresholds_problem(thresholds: Sequence[float]) -> str:
+    """Why these can not be las thresholds (GPU-seconds: at least one, above 0, rising); empty when they can."""
+    if not thresholds:
+        return "must name at least one GPU-time, such as 1h,10h,100h"
+    if thresholds[0] <= 0 or any(b <= a for a, b in itertools.pairwise(thresholds)):
+        return "must be above 0 and rising"
+    return ""
+
+
+STARVED = (0.0, 0.0)       # how a starved job ranks (level 0, as if it had attained nothing; then submit order)
 
 
 def las_starve_at(waiting_since: float, executed_s: float) -> float:
@@ -101,7 +113,8 @@ def rank(policy: Policy, now: float, thresholds: tuple[float, ...] = LAS_THRESHO
         def las(s: Standing) -> tuple[float, float, int]:
             if s.running_since < 0 and las_starved(now, s.waiting_since, s.executed_s):
                 return (*STARVED, s.seq)
-            return (float(las_level(s.attained_gpu_s, thresholds)), 0.0, s.seq)
+            # The level first, then the least attained service inside it (it orders, never preempts).
+            return (float(las_level(s.attained_gpu_s, thresholds)), s.attained_gpu_s, s.seq)
         return las
     if policy is Policy.SRTF:
         return lambda s: (0.0, s.remaining_gpu_s, s.seq)
@@ -133,11 +146,12 @@ def rank_changes_at(policy: Policy, s: Standing, now: float,
 
 
 def preempt_rank(policy: Policy, k: tuple[float, float, int] | tuple[float, float]) -> tuple[float, float]:
-    """The part of a rank that in-queue preemption weighs (lower outranks). gittins weighs its las level alone:
-    its index orders jobs inside a level but never preempts over it. (Weighing the index made the Philly window
+    """The part of a rank that in-queue preemption weighs (lower outranks). las and gittins weigh the las level
+    alone: attained service (las) or the index (gittins) orders jobs inside a level but never preempts over it.
+    (Weighing the index made the Philly window
     thrash: the index of Philly's sizes is not monotone and moves at every doubling of service, so fresh jobs and
     jobs a bucket apart took each other's GPUs 149k times, each preemption losing the work since a checkpoint.)"""
-    return (k[0], 0.0) if policy is Policy.GITTINS else (k[0], k[1])
+    return (k[0], 0.0) if policy in (Policy.LAS, Policy.GITTINS) else (k[0], k[1])
 
 
 def preemptive(policy: Policy) -> bool:
