@@ -12,6 +12,7 @@ import gc
 import json
 import logging
 import os
+import secrets
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -39,16 +40,20 @@ log = logging.getLogger("gpurm.rm.server.daemon")     # the RM's one log name, w
 # Allocations between young collections, and young / middle collections between older ones (CPython's defaults,
 # 700 / 10 / 10, suit small heaps): a full collection at most every 40M allocations, minutes apart under load.
 GC_THRESHOLDS = (20_000, 20, 100)
+FRESH_EPOCHS = 2 ** 40       # a new state dir's first epoch is drawn below this (int64 leaves room for restarts)
 SWITCH_INTERVAL_S = 0.0005    # how often the loop hands the GIL to a waiting thread (the store writer)
 
 
 def bump_epoch(path: Path) -> int:
     """The RM's epoch: one more than the last start's, written (fsync) before the RM serves anything, so views
-    from this start never compare with an older start's by version alone."""
+    from this start never compare with an older start's by version alone. A new state dir starts from a random
+    epoch: RMs with different state dirs sharing a broker (another cluster, a standby, a store started afresh)
+    never publish views of one epoch, whose versions an AM would compare (a retained view of another cluster with
+    a higher version once replaced an AM's own, which then ignored its RM's deltas)."""
     try:
         last = int(path.read_text().strip() or "0")
     except FileNotFoundError:
-        last = 0
+        last = secrets.randbelow(FRESH_EPOCHS)
     except ValueError:
         raise ConfigError([f"{path}: not an epoch number; delete the file (the RM starts a new epoch)"]) from None
     epoch = last + 1
