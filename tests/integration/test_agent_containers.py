@@ -180,8 +180,10 @@ async def test_gpu_conflict_refused(sup: ContainerSupervisor) -> None:
     assert sup.record("c-b") is None
     await sup.stop("c-a", 1.0)
     # once ended, its GPUs are free again
-    rec = await sup.start("c-b", "job-2", LEARNER, ["/bin/true"], {}, "", [1, 2], 1, "bob")
-    assert rec.state == pb.CONTAINER_RUNNING
+    # (a learner that keeps running: /bin/true could end before the state is read, as one full run saw)
+    rec = await sup.start("c-b", "job-2", LEARNER, ["sleep", "300"], {}, "", [1, 2], 1, "bob")
+    assert rec.state == pb.CONTAINER_RUNNING and rec.gpu_indices == [1, 2]
+    await sup.stop("c-b", 1.0)
 
 
 async def test_start_is_idempotent(sup: ContainerSupervisor) -> None:
