@@ -113,26 +113,26 @@ def test_max_gpus_per_user() -> None:
     assert len(rig.ask(j3, [Ask(gpus=4)])) == 1
 
 
-def test_no_incomplete_gang_goes_past_the_share_while_another_queue_waits() -> None:
+def a_at_its_share_while_b_waits() -> tuple[Rig, list[str]]:
+    """Queue a holds n0 and n1 (its share, 16) and has a 16-GPU job waiting; b's 16-GPU job waits for n0 + n1."""
     rig = Rig(TWO)
     a_jobs = [rig.job("a", 8), rig.job("a", 8), rig.job("a", 16)]
     jb = rig.job("b", 16)
     rig.ask(a_jobs[0], [Ask(gpus=8, node_id="n0")])
     rig.ask(a_jobs[1], [Ask(gpus=8, node_id="n1")])
-    # b waits for n0 + n1 (held by a). a's 16-GPU gang may not take n2 and n3: it would be incomplete above
-    # a's share (16) after the first of them.
     rig.ask(jb, [Ask(gpus=8, node_id="n0"), Ask(gpus=8, node_id="n1")])
+    return rig, a_jobs
+
+
+def test_no_incomplete_gang_goes_past_the_share_while_another_queue_waits() -> None:
+    rig, a_jobs = a_at_its_share_while_b_waits()
+    # a's 16-GPU gang may not take n2 and n3: it would be incomplete above a's share (16) after the first of them.
     assert rig.ask(a_jobs[2], [Ask(gpus=8, node_id="n2"), Ask(gpus=8, node_id="n3")]) == []
     assert "incomplete gang" in rig.core.why_waiting(rig.core.jobs[a_jobs[2]])
 
 
 def test_a_ready_reservation_grants_its_whole_gang_even_above_the_share() -> None:
-    rig = Rig(TWO)
-    a_jobs = [rig.job("a", 8), rig.job("a", 8), rig.job("a", 16)]
-    jb = rig.job("b", 16)
-    rig.ask(a_jobs[0], [Ask(gpus=8, node_id="n0")])
-    rig.ask(a_jobs[1], [Ask(gpus=8, node_id="n1")])
-    rig.ask(jb, [Ask(gpus=8, node_id="n0"), Ask(gpus=8, node_id="n1")])
+    rig, a_jobs = a_at_its_share_while_b_waits()
     # As above, but n2 and n3 were drained for a's 16-GPU job and are all free: its whole gang is there at once,
     # so no incomplete gang stays above the share; refusing it would throw the drain away.
     res = rig.core.reservations
